@@ -1,0 +1,35 @@
+# Two commands for a fresh machine: `make run` and `make test`. Both install into .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+# The CPU wheel of torch. setup.cfg keeps a range so GPU users bring their own build, but a
+# range resolved here would pull a multi-GB CUDA build, so the pinned wheel goes in first.
+TORCH_PIN := torch==2.13.0
+export RAY_DISABLE_USAGE_STATS := 1
+
+.PHONY: install run test drills bench clean
+
+install: $(INSTALLED)
+
+$(INSTALLED): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet $(TORCH_PIN)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(INSTALLED)
+
+run: install
+	$(BIN)/orchestrator run
+
+test: install
+	$(BIN)/python -m pytest -m "not slow" -q -ra
+
+drills: install
+	$(BIN)/python -m pytest -m slow -q -ra tests
+
+bench: install
+	$(BIN)/python bench/ledger_append.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,138 @@
+"""Data contracts between rollout engines, the rollout path and the trainer.
+
+Weight versions are plain ``int`` end to end: engines start at version 0 (the weights they are
+launched with) and are stamped with the versions the ledger commits. A label that is not an
+integer (``"default"``, ``"57"``, ``True``, ``None``) is rejected where it enters, with
+:class:`VersionLabelError`, instead of being compared as a string later.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "Group",
+    "Prompt",
+    "RolloutFnTrainInput",
+    "RolloutFnTrainOutput",
+    "Sample",
+    "SampleStatus",
+    "VersionLabelError",
+    "check_weight_version",
+]
+
+
+class VersionLabelError(ValueError):
+    """A weight-version label that is not a non-negative integer."""
+
+
+def check_weight_version(label: object) -> int:
+    """Return ``label`` as a weight version, or raise :class:`VersionLabelError`.
+
+    ``bool`` is refused although it subclasses ``int``: ``True`` is never a version.
+    """
+    if isinstance(label, bool) or not isinstance(label, int):
+        raise VersionLabelError(
+            f"weight version must be an int, got {type(label).__name__} {label!r}"
+        )
+    if label < 0:
+        raise VersionLabelError(f"weight version must be >= 0, got {label}")
+    return label
+
+
+class SampleStatus(str, enum.Enum):
+    """How a generation ended."""
+
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt of the task: its position in the prompt source, tokens and expected answer.
+
+    ``index`` is the prompt's position in its seeded source, so a prompt can be regenerated
+    from it and a saved source position names exactly which prompts were handed out.
+    """
+
+    index: int
+    tokens: tuple[int, ...]
+    label: str = ""
+
+
+@dataclass
+class Sample:
+    """One response to one prompt, stamped with the weight versions that produced it.
+
+    ``weight_versions`` holds one entry per generate call (a resumed generation after an
+    abort adds one); its minimum is the version that makes the sample stale.
+    """
+
+    index: int
+    group_index: int
+    prompt_tokens: list[int]
+    response_tokens: list[int] = field(default_factory=list)
+    rollout_log_probs: list[float] = field(default_factory=list)
+    reward: float = 0.0
+    status: SampleStatus = SampleStatus.COMPLETED
+    weight_versions: list[int] = field(default_factory=list)
+    recycle_count: int = 0
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.status = SampleStatus(self.status)
+        self.weight_versions = [check_weight_version(v) for v in self.weight_versions]
+
+    def stamp(self, weight_version: object) -> None:
+        """Record that a generate call ran under ``weight_version``."""
+        self.weight_versions.append(check_weight_version(weight_version))
+
+    @property
+    def oldest_weight_version(self) -> int | None:
+        """The oldest version that contributed tokens, or None if never stamped."""
+        return min(self.weight_versions) if self.weight_versions else None
+
+
+@dataclass
+class Group:
+    """The ``n_samples_per_prompt`` samples of one prompt; the unit of GRPO and of staleness."""
+
+    group_index: int
+    samples: list[Sample]
+    recycle_count: int = 0
+
+    @property
+    def oldest_weight_version(self) -> int | None:
+        """Min over the samples' versions; None if any sample was never stamped."""
+        versions = [s.oldest_weight_version for s in self.samples]
+        if not versions or any(v is None for v in versions):
+            return None
+        return min(v for v in versions if v is not None)
+
+    @property
+    def aborted(self) -> bool:
+        """True if any sample came back ABORTED (the group must be regenerated)."""
+        return any(s.status is SampleStatus.ABORTED for s in self.samples)
+
+
+@dataclass(frozen=True)
+class RolloutFnTrainInput:
+    """Ask the rollout function for one training batch."""
+
+    rollout_id: int
+    weight_version: int
+
+    def __post_init__(self) -> None:
+        check_weight_version(self.weight_version)
+
+
+@dataclass
+class RolloutFnTrainOutput:
+    """One training batch: groups' samples in group-index order, plus rollout metrics."""
+
+    samples: list[list[Sample]]
+    metrics: dict[str, Any] = field(default_factory=dict)
