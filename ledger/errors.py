@@ -1,0 +1,84 @@
+"""Errors raised by the ledger.
+
+::
+
+    LedgerError                   anything the ledger refuses or cannot do
+    ├── FencedError               a publisher write from a cell/epoch that is not the newest
+    ├── UnknownRunError           a run id the ledger has never started
+    ├── SchemaError               no ledger schema, or one older/newer than this code
+    ├── LedgerUnavailableError    the database cannot be reached (transient; writes retry)
+    └── IdempotencyConflictError  a key reused for a different event
+
+Driver errors (SQLAlchemy, sqlite3, psycopg) are translated into :class:`LedgerError` in one
+place, the store's transaction scope. Every class pickles with its arguments, so errors raised
+inside a Ray actor arrive intact in the caller.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FencedError",
+    "IdempotencyConflictError",
+    "LedgerError",
+    "LedgerUnavailableError",
+    "SchemaError",
+    "UnknownRunError",
+]
+
+
+class LedgerError(Exception):
+    """The ledger refused an operation or could not reach its database."""
+
+
+class FencedError(LedgerError):
+    """A publisher event from a cell or epoch that is no longer the newest promotion.
+
+    Nothing was written. The caller is a zombie (or lost a race) and must stop publishing.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        cell_id: str | None,
+        epoch: int | None,
+        current_cell: str | None,
+        current_epoch: int,
+    ) -> None:
+        self.run_id = run_id
+        self.cell_id = cell_id
+        self.epoch = epoch
+        self.current_cell = current_cell
+        self.current_epoch = current_epoch
+        super().__init__(
+            f"run {run_id!r}: write from cell {cell_id!r} epoch {epoch} is fenced; "
+            f"publisher is cell {current_cell!r} epoch {current_epoch}"
+        )
+
+    def __reduce__(self):
+        return (
+            type(self),
+            (self.run_id, self.cell_id, self.epoch, self.current_cell, self.current_epoch),
+        )
+
+
+class UnknownRunError(LedgerError):
+    """The run id has no ``run_started`` event in this ledger."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"unknown run {run_id!r}")
+
+    def __reduce__(self):
+        return (type(self), (self.run_id,))
+
+
+class SchemaError(LedgerError):
+    """The database has no ledger schema, or one this code cannot use without an upgrade."""
+
+
+class LedgerUnavailableError(LedgerError):
+    """The database could not be reached or was locked past the busy timeout."""
+
+
+class IdempotencyConflictError(LedgerError):
+    """An idempotency key already names a different event; nothing was written."""

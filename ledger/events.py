@@ -1,0 +1,247 @@
+"""Event kinds, their payloads, and the hash that chains them.
+
+An event is immutable once appended. Its ``hash`` is ``sha256`` over a canonical JSON rendering
+of every stored field plus the previous event's hash, so changing any stored byte of any event
+breaks the chain from that event on (:func:`event_hash`).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ledger.errors import LedgerError
+
+__all__ = [
+    "GENESIS_HASH",
+    "PUBLISHER_KINDS",
+    "Event",
+    "EventKind",
+    "Head",
+    "event_hash",
+    "validate_payload",
+]
+
+GENESIS_HASH = "0" * 64
+
+
+class EventKind(str, enum.Enum):
+    """Every kind of event the ledger stores."""
+
+    RUN_STARTED = "run_started"
+    RUN_RESUMED = "run_resumed"
+    RUN_FINISHED = "run_finished"
+    CELL_PROMOTED = "cell_promoted"
+    CELL_STATE = "cell_state"
+    WEIGHT_UPDATE_STARTED = "weight_update_started"
+    WEIGHT_UPDATE_ABORTED = "weight_update_aborted"
+    WEIGHT_COMMITTED = "weight_committed"
+    ENGINES_STAMPED = "engines_stamped"
+    CHECKPOINT_SAVED = "checkpoint_saved"
+    DRILL_STARTED = "drill_started"
+    FAULT_INJECTED = "fault_injected"
+    DRILL_VERDICT = "drill_verdict"
+
+
+# Events that only the newest promoted cell may append, and only with its epoch.
+PUBLISHER_KINDS = frozenset(
+    {
+        EventKind.WEIGHT_UPDATE_STARTED,
+        EventKind.WEIGHT_UPDATE_ABORTED,
+        EventKind.WEIGHT_COMMITTED,
+        EventKind.ENGINES_STAMPED,
+        EventKind.CHECKPOINT_SAVED,
+    }
+)
+
+
+class _Payload(BaseModel):
+    # Extra keys are kept (forward compatible, drills attach context); declared keys are checked.
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class RunStarted(_Payload):
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunResumed(_Payload):
+    checkpoint_step: int = Field(ge=0)
+    checkpoint_version: int = Field(ge=0)
+    head_version: int = Field(ge=0)
+
+
+class RunFinished(_Payload):
+    steps: int = Field(ge=0)
+    negative_staleness_total: int = Field(default=0, ge=0)
+
+
+class CellPromoted(_Payload):
+    reason: Literal["start", "failover", "manual", "resume"]
+    previous_cell: str | None = None
+
+
+class CellState(_Payload):
+    state: Literal["alive", "errored", "stopped", "healed"]
+    quorum_id: int | None = None
+
+
+class WeightUpdateStarted(_Payload):
+    train_step: int = Field(ge=0)
+    transport: Literal["full", "lora"]
+
+
+class WeightUpdateAborted(_Payload):
+    train_step: int = Field(ge=0)
+    transport: Literal["full", "lora"]
+    reason: str
+
+
+class WeightCommitted(_Payload):
+    train_step: int = Field(ge=0)
+    transport: Literal["full", "lora"]
+    adapter: str | None = None
+    checksum: str | None = None
+
+
+class EnginesStamped(_Payload):
+    version: int = Field(ge=0)
+    engine_ids: list[str]
+
+
+class CheckpointSaved(_Payload):
+    train_step: int = Field(ge=0)
+    version: int = Field(ge=0)
+    path: str
+
+
+class DrillEvent(_Payload):
+    scenario: str
+
+
+_PAYLOAD_MODELS: dict[EventKind, type[_Payload]] = {
+    EventKind.RUN_STARTED: RunStarted,
+    EventKind.RUN_RESUMED: RunResumed,
+    EventKind.RUN_FINISHED: RunFinished,
+    EventKind.CELL_PROMOTED: CellPromoted,
+    EventKind.CELL_STATE: CellState,
+    EventKind.WEIGHT_UPDATE_STARTED: WeightUpdateStarted,
+    EventKind.WEIGHT_UPDATE_ABORTED: WeightUpdateAborted,
+    EventKind.WEIGHT_COMMITTED: WeightCommitted,
+    EventKind.ENGINES_STAMPED: EnginesStamped,
+    EventKind.CHECKPOINT_SAVED: CheckpointSaved,
+    EventKind.DRILL_STARTED: DrillEvent,
+    EventKind.FAULT_INJECTED: DrillEvent,
+    EventKind.DRILL_VERDICT: DrillEvent,
+}
+
+# Fields the ledger assigns itself; a caller's payload may not smuggle them in.
+_RESERVED_PAYLOAD_KEYS = frozenset({"epoch", "seq", "hash", "prev_hash"})
+
+
+def validate_payload(kind: str | EventKind, payload: dict[str, Any]) -> tuple[EventKind, dict]:
+    """Check ``payload`` against ``kind``'s model and return the kind and a JSON-safe copy.
+
+    Raises:
+        LedgerError: unknown kind, a reserved key, or a payload that does not fit its model.
+    """
+    try:
+        event_kind = EventKind(kind)
+    except ValueError:
+        raise LedgerError(f"unknown event kind {kind!r}") from None
+    reserved = _RESERVED_PAYLOAD_KEYS & payload.keys()
+    if reserved:
+        raise LedgerError(f"{event_kind.value}: payload may not set {sorted(reserved)}")
+    try:
+        model = _PAYLOAD_MODELS[event_kind].model_validate(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "payload"
+        raise LedgerError(f"{event_kind.value}: {where}: {first['msg']}") from None
+    # Round-trip through JSON so what is hashed now is exactly what is read back later.
+    return event_kind, json.loads(json.dumps(model.model_dump(mode="json")))
+
+
+@dataclass(frozen=True)
+class Event:
+    """One stored ledger event. ``version`` is set on ``weight_committed`` events only."""
+
+    run_id: str
+    seq: int
+    kind: str
+    payload: dict[str, Any]
+    recorded_at: datetime
+    prev_hash: str
+    hash: str
+    version: int | None = None
+    cell_id: str | None = None
+    epoch: int | None = None
+    idempotency_key: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready rendering that holds every stored field (lossless)."""
+        return {
+            "run_id": self.run_id,
+            "seq": self.seq,
+            "kind": self.kind,
+            "version": self.version,
+            "cell_id": self.cell_id,
+            "epoch": self.epoch,
+            "idempotency_key": self.idempotency_key,
+            "payload": self.payload,
+            "recorded_at": self.recorded_at.isoformat(),
+            "prev_hash": self.prev_hash,
+            "hash": self.hash,
+        }
+
+
+@dataclass(frozen=True)
+class Head:
+    """The run's head row: newest committed version, newest epoch and its cell, last seq."""
+
+    version: int
+    epoch: int
+    publisher_cell: str | None
+    seq: int
+    hash: str = field(default=GENESIS_HASH)
+
+
+def canonical_json(value: Any) -> str:
+    """Deterministic JSON: sorted keys, no whitespace, UTF-8 kept as is."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def event_hash(
+    *,
+    prev_hash: str,
+    run_id: str,
+    seq: int,
+    kind: str,
+    version: int | None,
+    cell_id: str | None,
+    epoch: int | None,
+    idempotency_key: str | None,
+    payload: dict[str, Any],
+    recorded_at: datetime,
+) -> str:
+    """The chained hash of one event: ``sha256(canonical(prev_hash, event))``."""
+    body = canonical_json(
+        {
+            "prev_hash": prev_hash,
+            "run_id": run_id,
+            "seq": seq,
+            "kind": kind,
+            "version": version,
+            "cell_id": cell_id,
+            "epoch": epoch,
+            "idempotency_key": idempotency_key,
+            "payload": payload,
+            "recorded_at": recorded_at.isoformat(),
+        }
+    )
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()

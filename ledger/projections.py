@@ -1,0 +1,167 @@
+"""Fold a run's events into its current state: head, epochs, cells, engines, adapters.
+
+The fold trusts nothing it is not shown: it replays events in ``seq`` order and derives
+everything else. :mod:`ledger.audit` compares what it derives with what the head row claims.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ledger.events import GENESIS_HASH, Event, EventKind
+
+__all__ = ["CellView", "CommitView", "EngineView", "Promotion", "RunState", "fold"]
+
+
+@dataclass
+class CellView:
+    """What the ledger knows of one cell."""
+
+    cell_id: str
+    state: str = "unknown"
+    epochs: list[int] = field(default_factory=list)
+    last_seq: int = 0
+    last_kind: str = ""
+    last_recorded_at: datetime | None = None
+
+    @property
+    def promotions(self) -> int:
+        return len(self.epochs)
+
+
+@dataclass(frozen=True)
+class CommitView:
+    """One committed version."""
+
+    version: int
+    seq: int
+    cell_id: str | None
+    epoch: int | None
+    train_step: int
+    transport: str
+    adapter: str | None
+    checksum: str | None
+    recorded_at: datetime
+
+
+@dataclass
+class EngineView:
+    """The newest version an engine was stamped with, according to ``engines_stamped``."""
+
+    engine_id: str
+    stamped_version: int = 0
+    last_seq: int = 0
+
+
+@dataclass(frozen=True)
+class Promotion:
+    seq: int
+    cell_id: str
+    epoch: int
+    reason: str
+    recorded_at: datetime
+
+
+@dataclass
+class RunState:
+    """A run as of its last folded event."""
+
+    run_id: str
+    head_version: int = 0
+    epoch: int = 0
+    publisher_cell: str | None = None
+    last_seq: int = 0
+    head_hash: str = GENESIS_HASH
+    started_at: datetime | None = None
+    commits: dict[int, CommitView] = field(default_factory=dict)
+    stamped_versions: set[int] = field(default_factory=set)
+    cells: dict[str, CellView] = field(default_factory=dict)
+    engines: dict[str, EngineView] = field(default_factory=dict)
+    promotions: list[Promotion] = field(default_factory=list)
+    aborted_updates: int = 0
+    checkpoints: list[Event] = field(default_factory=list)
+    resumes: int = 0
+
+    @property
+    def adapters(self) -> dict[int, str]:
+        """Version -> LoRA adapter name, for versions committed through the LoRA transport."""
+        return {v: c.adapter for v, c in self.commits.items() if c.adapter is not None}
+
+    @property
+    def unstamped_versions(self) -> list[int]:
+        """Committed versions no ``engines_stamped`` event names (a death after commit)."""
+        return sorted(set(self.commits) - self.stamped_versions)
+
+    def apply(self, event: Event) -> None:
+        """Advance the state by one event (the next in ``seq`` order)."""
+        self.last_seq = event.seq
+        self.head_hash = event.hash
+        if event.cell_id is not None:
+            cell = self.cells.setdefault(event.cell_id, CellView(event.cell_id))
+            cell.last_seq = event.seq
+            cell.last_kind = event.kind
+            cell.last_recorded_at = event.recorded_at
+        kind = event.kind
+        if kind == EventKind.RUN_STARTED:
+            self.started_at = event.recorded_at
+        elif kind == EventKind.RUN_RESUMED:
+            self.resumes += 1
+        elif kind == EventKind.CELL_PROMOTED and event.cell_id and event.epoch is not None:
+            self._promote(event)
+        elif kind == EventKind.CELL_STATE and event.cell_id:
+            self.cells[event.cell_id].state = event.payload.get("state", "unknown")
+        elif kind == EventKind.WEIGHT_COMMITTED and event.version is not None:
+            self.head_version = max(self.head_version, event.version)
+            self.commits[event.version] = CommitView(
+                version=event.version,
+                seq=event.seq,
+                cell_id=event.cell_id,
+                epoch=event.epoch,
+                train_step=int(event.payload.get("train_step", 0)),
+                transport=str(event.payload.get("transport", "")),
+                adapter=event.payload.get("adapter"),
+                checksum=event.payload.get("checksum"),
+                recorded_at=event.recorded_at,
+            )
+        elif kind == EventKind.WEIGHT_UPDATE_ABORTED:
+            self.aborted_updates += 1
+        elif kind == EventKind.ENGINES_STAMPED:
+            version = int(event.payload.get("version", 0))
+            self.stamped_versions.add(version)
+            for engine_id in event.payload.get("engine_ids", []):
+                engine = self.engines.setdefault(engine_id, EngineView(engine_id))
+                engine.stamped_version = version
+                engine.last_seq = event.seq
+        elif kind == EventKind.CHECKPOINT_SAVED:
+            self.checkpoints.append(event)
+
+    def _promote(self, event: Event) -> None:
+        assert event.cell_id is not None and event.epoch is not None
+        previous = self.publisher_cell
+        if previous is not None and previous != event.cell_id and previous in self.cells:
+            if self.cells[previous].state == "publisher":
+                self.cells[previous].state = "follower"
+        self.epoch = max(self.epoch, event.epoch)
+        self.publisher_cell = event.cell_id
+        cell = self.cells[event.cell_id]
+        cell.epochs.append(event.epoch)
+        cell.state = "publisher"
+        self.promotions.append(
+            Promotion(
+                seq=event.seq,
+                cell_id=event.cell_id,
+                epoch=event.epoch,
+                reason=str(event.payload.get("reason", "")),
+                recorded_at=event.recorded_at,
+            )
+        )
+
+
+def fold(run_id: str, events: Iterable[Event]) -> RunState:
+    """Replay ``events`` (in seq order) into a :class:`RunState`."""
+    state = RunState(run_id)
+    for event in events:
+        state.apply(event)
+    return state

@@ -1,0 +1,53 @@
+"""The ledger's tables. Alembic migrations create them; this metadata is what they must equal.
+
+``seq`` and ``version`` are plain integers assigned under the head-row lock (see
+``store.Ledger._append_locked``), never sequences or autoincrement: those leave gaps on rollback
+and can become visible out of commit order.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+__all__ = ["ledger_events", "metadata", "run_heads", "runs"]
+
+metadata = sa.MetaData()
+
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("run_id", sa.String(128), primary_key=True),
+    sa.Column("created_at", sa.DateTime(), nullable=False),
+    sa.Column("config", sa.JSON(), nullable=False),
+)
+
+ledger_events = sa.Table(
+    "ledger_events",
+    metadata,
+    sa.Column("run_id", sa.String(128), sa.ForeignKey("runs.run_id"), primary_key=True),
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
+    sa.Column("kind", sa.String(64), nullable=False),
+    # Set on weight_committed rows only: NULLs never collide, so the unique constraint below
+    # is exactly "one commit per version per run" on both backends.
+    sa.Column("version", sa.BigInteger(), nullable=True),
+    sa.Column("cell_id", sa.String(128), nullable=True),
+    sa.Column("epoch", sa.BigInteger(), nullable=True),
+    sa.Column("idempotency_key", sa.String(256), nullable=True),
+    sa.Column("payload", sa.JSON(), nullable=False),
+    sa.Column("prev_hash", sa.String(64), nullable=False),
+    sa.Column("hash", sa.String(64), nullable=False),
+    sa.Column("recorded_at", sa.DateTime(), nullable=False),
+    sa.UniqueConstraint("run_id", "idempotency_key", name="uq_ledger_events_idempotency"),
+    sa.UniqueConstraint("run_id", "version", name="uq_ledger_events_version"),
+)
+
+run_heads = sa.Table(
+    "run_heads",
+    metadata,
+    sa.Column("run_id", sa.String(128), sa.ForeignKey("runs.run_id"), primary_key=True),
+    sa.Column("last_seq", sa.BigInteger(), nullable=False),
+    sa.Column("head_version", sa.BigInteger(), nullable=False),
+    sa.Column("epoch", sa.BigInteger(), nullable=False),
+    sa.Column("publisher_cell", sa.String(128), nullable=True),
+    sa.Column("head_hash", sa.String(64), nullable=False),
+)

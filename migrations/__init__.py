@@ -1,0 +1,1 @@
+"""Alembic environment and revisions: the only way a ledger schema is created or changed."""
