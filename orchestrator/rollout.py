@@ -1,0 +1,315 @@
+"""FullyAsyncRolloutFn: a long-lived producer that keeps engines busy, and the drain.
+
+The producer runs on the caller's event loop as one task. It keeps at most
+``max_concurrent_groups`` prompt groups in flight against an :class:`EnginePool` (a group stays
+in flight until the buffer accepted it, so a full buffer stops the producer taking prompts),
+takes recycled prompts before fresh ones, and puts finished groups in the
+:class:`~orchestrator.data_buffer.DataBuffer`. ``drain`` collects one training batch.
+
+A failed generation kills the producer (its prompt goes back to the pending queue first); a
+drain then fails at once with :class:`ProducerDiedError`, even if groups are queued, so a broken
+engine pool is never hidden behind a few steps of buffered data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from orchestrator.data_buffer import METRIC_PREFIX, DataBuffer, PromptState, VersionProvider
+from orchestrator.data_source import PromptSource
+from orchestrator.types import (
+    Group,
+    Prompt,
+    RolloutFnTrainInput,
+    RolloutFnTrainOutput,
+    Sample,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.config import RunConfig
+
+__all__ = ["EnginePool", "FullyAsyncRolloutFn", "ProducerDiedError"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_STALL_WARNING_S = 30.0
+
+
+@runtime_checkable
+class EnginePool(Protocol):
+    """The rollout engines, seen from the control plane."""
+
+    async def generate(self, prompt: Prompt, n_samples: int, group_index: int) -> list[Sample]:
+        """Generate ``n_samples`` responses to ``prompt``.
+
+        Every returned sample has ``group_index`` and is stamped by the engine with the
+        version it ran under (``weight_versions=[label]``). A request aborted by a weight
+        update comes back with status ``ABORTED`` rather than raising. Raising means the pool
+        is broken: the producer dies.
+        """
+        ...
+
+
+class ProducerDiedError(RuntimeError):
+    """The rollout producer stopped (an exception, or :meth:`FullyAsyncRolloutFn.stop`).
+
+    The message names the cause; buffered groups stay buffered (none is lost).
+    """
+
+
+class FullyAsyncRolloutFn:
+    """Producer loop plus drain over one engine pool, prompt source and data buffer.
+
+    Args:
+        pool: the engines.
+        source: fresh prompts.
+        buffer: finished groups; also the accounting of every prompt.
+        rollout_batch_size: groups per drained batch.
+        n_samples_per_prompt: samples per group.
+        max_concurrent_groups: groups in flight at most (``async_max_concurrent_samples``).
+        stall_warning_s: a drain that receives no group for this long logs a warning (and
+            again every such interval); it keeps waiting.
+    """
+
+    def __init__(
+        self,
+        pool: EnginePool,
+        source: PromptSource,
+        buffer: DataBuffer,
+        *,
+        rollout_batch_size: int,
+        n_samples_per_prompt: int,
+        max_concurrent_groups: int,
+        stall_warning_s: float = DEFAULT_STALL_WARNING_S,
+    ) -> None:
+        for name, value in (
+            ("rollout_batch_size", rollout_batch_size),
+            ("n_samples_per_prompt", n_samples_per_prompt),
+            ("max_concurrent_groups", max_concurrent_groups),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if stall_warning_s <= 0:
+            raise ValueError(f"stall_warning_s must be > 0, got {stall_warning_s}")
+        self.pool = pool
+        self.source = source
+        self.buffer = buffer
+        self.rollout_batch_size = rollout_batch_size
+        self.n_samples_per_prompt = n_samples_per_prompt
+        self.max_concurrent_groups = max_concurrent_groups
+        self.stall_warning_s = stall_warning_s
+        self._producer: asyncio.Task[None] | None = None
+        self._stopped = False
+        self.peak_in_flight = 0
+
+    @classmethod
+    def from_config(
+        cls,
+        config: RunConfig,
+        pool: EnginePool,
+        source: PromptSource,
+        buffer: DataBuffer,
+        *,
+        stall_warning_s: float = DEFAULT_STALL_WARNING_S,
+    ) -> FullyAsyncRolloutFn:
+        """A rollout function shaped by ``config``."""
+        return cls(
+            pool,
+            source,
+            buffer,
+            rollout_batch_size=config.rollout_batch_size,
+            n_samples_per_prompt=config.n_samples_per_prompt,
+            max_concurrent_groups=config.async_max_concurrent_samples,
+            stall_warning_s=stall_warning_s,
+        )
+
+    # ----------------------------------------------------------------- lifecycle
+
+    @property
+    def started(self) -> bool:
+        return self._producer is not None
+
+    @property
+    def producer_error(self) -> BaseException | None:
+        """The exception that killed the producer, if it died of one."""
+        task = self._producer
+        if task is None or not task.done() or task.cancelled():
+            return None
+        return task.exception()
+
+    def start(self) -> None:
+        """Start the producer on the running event loop; a no-op if it already started.
+
+        Raises:
+            RuntimeError: no running event loop, or :meth:`stop` was called.
+        """
+        if self._stopped:
+            raise RuntimeError("rollout was stopped; build a new FullyAsyncRolloutFn")
+        if self._producer is None:
+            self._producer = asyncio.get_running_loop().create_task(
+                self._produce(), name="rollout-producer"
+            )
+            self._producer.add_done_callback(_log_producer_exit)
+
+    async def stop(self) -> None:
+        """Cancel the producer and its generations; in-flight prompts go back to pending.
+
+        Safe to call twice, or before :meth:`start`. A later drain raises ProducerDiedError.
+        """
+        self._stopped = True
+        task = self._producer
+        if task is None or task.done():
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+    # ----------------------------------------------------------------- producer
+
+    async def _produce(self) -> None:
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                while len(tasks) < self.max_concurrent_groups:
+                    prompt, recycle_count = self.buffer.take_prompt(self.source)
+                    tasks.add(
+                        asyncio.create_task(
+                            self._generate_group(prompt, recycle_count),
+                            name=f"rollout-group-{prompt.index}",
+                        )
+                    )
+                self.peak_in_flight = max(self.peak_in_flight, len(tasks))
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    tasks.discard(task)
+                    task.result()  # a failed generation kills the producer
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _generate_group(self, prompt: Prompt, recycle_count: int) -> None:
+        try:
+            samples = await self.pool.generate(prompt, self.n_samples_per_prompt, prompt.index)
+            group = self._make_group(prompt, samples, recycle_count)
+            await self.buffer.put(group)
+        except BaseException:
+            if self.buffer.state_of(prompt.index) is PromptState.IN_FLIGHT:
+                self.buffer.return_prompt(prompt.index)
+            raise
+
+    def _make_group(self, prompt: Prompt, samples: list[Sample], recycle_count: int) -> Group:
+        if len(samples) != self.n_samples_per_prompt:
+            raise ValueError(
+                f"engine pool returned {len(samples)} samples for prompt {prompt.index}, "
+                f"expected {self.n_samples_per_prompt}"
+            )
+        for sample in samples:
+            if sample.group_index != prompt.index:
+                raise ValueError(
+                    f"engine pool returned a sample of group {sample.group_index} "
+                    f"for prompt {prompt.index}"
+                )
+            sample.recycle_count = recycle_count
+        return Group(group_index=prompt.index, samples=samples, recycle_count=recycle_count)
+
+    # ----------------------------------------------------------------- drain
+
+    async def drain(
+        self, input: RolloutFnTrainInput, current_version_fn: VersionProvider
+    ) -> RolloutFnTrainOutput:
+        """Collect ``rollout_batch_size`` groups that pass the buffer's screen, sorted by index.
+
+        Starts the producer if needed. ``current_version_fn`` is the buffer's
+        :data:`~orchestrator.data_buffer.VersionProvider`. The output's metrics are the
+        buffer's step metrics (see :meth:`DataBuffer.pop_step_metrics`) plus ``drain_time_s``.
+
+        On failure or cancellation every group claimed so far goes back to the buffer.
+
+        Raises:
+            ProducerDiedError: the producer died or was stopped, checked before each group
+                (so a dead producer wins over queued groups) and while waiting.
+            Whatever ``current_version_fn`` raises.
+        """
+        started_at = time.monotonic()
+        if self._stopped:
+            raise ProducerDiedError("rollout producer was stopped")
+        self.start()
+        claimed: list[Group] = []
+        try:
+            while len(claimed) < self.rollout_batch_size:
+                self._raise_if_producer_dead()
+                claimed.append(await self._next_group(input, current_version_fn, len(claimed)))
+            self.buffer.commit(claimed)
+        except BaseException:
+            self.buffer.release(claimed)
+            raise
+        claimed.sort(key=lambda group: group.group_index)
+        metrics = self.buffer.pop_step_metrics()
+        metrics[METRIC_PREFIX + "drain_time_s"] = time.monotonic() - started_at
+        return RolloutFnTrainOutput(samples=[group.samples for group in claimed], metrics=metrics)
+
+    async def _next_group(
+        self, input: RolloutFnTrainInput, current_version_fn: VersionProvider, collected: int
+    ) -> Group:
+        producer = self._producer
+        assert producer is not None
+        get_task = asyncio.create_task(self.buffer.get(current_version_fn))
+        returned = False
+        try:
+            waited = 0.0
+            while True:
+                done, _ = await asyncio.wait(
+                    {get_task, producer},
+                    timeout=self.stall_warning_s,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if get_task in done:
+                    group = get_task.result()
+                    returned = True
+                    return group
+                if producer in done:
+                    self._raise_if_producer_dead()
+                waited += self.stall_warning_s
+                logger.warning(
+                    "rollout %d: no group for %.0f s (%d/%d collected, %d in flight, "
+                    "%d buffered, %d pending)",
+                    input.rollout_id, waited, collected, self.rollout_batch_size,
+                    self.buffer.in_flight_count, self.buffer.queue_size,
+                    self.buffer.pending_count,
+                )
+        finally:
+            if not returned:
+                await self._abandon(get_task)
+
+    async def _abandon(self, get_task: asyncio.Task[Group]) -> None:
+        """Cancel a pending get; a group it claimed meanwhile goes back to the buffer."""
+        get_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await get_task
+        if not get_task.cancelled() and get_task.exception() is None:
+            self.buffer.release([get_task.result()])
+
+    def _raise_if_producer_dead(self) -> None:
+        task = self._producer
+        if task is None or not task.done():
+            return
+        if self._stopped or task.cancelled():
+            raise ProducerDiedError("rollout producer was stopped")
+        error = task.exception()
+        if error is None:
+            raise ProducerDiedError("rollout producer exited")
+        raise ProducerDiedError(
+            f"rollout producer died: {type(error).__name__}: {error}"
+        ) from error
+
+
+def _log_producer_exit(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        logger.info("rollout producer stopped")
+    elif task.exception() is not None:
+        logger.error("rollout producer died", exc_info=task.exception())

@@ -1,0 +1,324 @@
+"""RolloutManager: the rollout path's owner, whose weight version comes from the ledger.
+
+A plain class; the driver makes it a Ray actor where it allocates it
+(``ray.remote(num_cpus=0.25)(RolloutManager)``), so tests build it without Ray. It opens the
+ledger itself (read-only) from a URL, so it works inside an actor process.
+
+The manager's ``weight_version`` is ``max(last accepted push, ledger head)``:
+
+* the ledger head is read at the start of every drain, and again whenever a group's oldest
+  version is newer than the current value (so staleness is never negative);
+* ``set_weight_version(v)`` refuses ``v`` below the current value
+  (:class:`VersionRegressionError`) in every mode, indep-dp included (miles only warned there,
+  and a new cell with a fresh counter took a run from 57 back to 1), and refuses ``v`` above
+  the ledger head (:class:`VersionAheadOfLedgerError`): a version nobody committed.
+
+So the version never decreases and is never above the ledger head (DESIGN invariant 6).
+
+Errors::
+
+    ValueError
+    └── RolloutVersionError         a pushed version the manager refuses (pickles across Ray)
+        ├── VersionRegressionError      below the manager's current version
+        └── VersionAheadOfLedgerError   above the ledger head
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ledger import Ledger
+
+from orchestrator.config import RunConfig
+from orchestrator.data_buffer import METRIC_PREFIX, Accounting, DataBuffer, DynamicFilter
+from orchestrator.data_source import PromptFactory, PromptSource
+from orchestrator.rollout import DEFAULT_STALL_WARNING_S, EnginePool, FullyAsyncRolloutFn
+from orchestrator.types import RolloutFnTrainInput, RolloutFnTrainOutput, check_weight_version
+
+__all__ = [
+    "RolloutManager",
+    "RolloutVersionError",
+    "VersionAheadOfLedgerError",
+    "VersionRegressionError",
+]
+
+logger = logging.getLogger(__name__)
+
+_STATE_FORMAT = 1
+_MANAGER_PREFIX = "rollout_manager/"
+
+
+class RolloutVersionError(ValueError):
+    """A pushed weight version the manager refused; its version is unchanged."""
+
+    def __init__(self, requested: int, reference: int, message: str) -> None:
+        self.requested = requested
+        self.reference = reference
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (self.requested, self.reference))
+
+
+class VersionRegressionError(RolloutVersionError):
+    """The pushed version is below the manager's current version (``reference``)."""
+
+    def __init__(self, requested: int, reference: int) -> None:
+        super().__init__(
+            requested,
+            reference,
+            f"refused weight version {requested}: below the current version {reference} "
+            "(versions never decrease; a restarted or newly promoted cell must take its "
+            "version from the ledger)",
+        )
+
+
+class VersionAheadOfLedgerError(RolloutVersionError):
+    """The pushed version is above the ledger head (``reference``): it was never committed."""
+
+    def __init__(self, requested: int, reference: int) -> None:
+        super().__init__(
+            requested,
+            reference,
+            f"refused weight version {requested}: above the ledger head {reference} "
+            "(only committed versions may be pushed)",
+        )
+
+
+class RolloutManager:
+    """Owns the prompt source, data buffer and producer of one run; serves training batches.
+
+    Args:
+        ledger_url: the run's ledger (opened read-only here; the schema must exist).
+        run_id: a started run.
+        config: the run's config.
+        make_prompt: deterministic ``index -> Prompt`` factory (the task's).
+        engine_pool: the engines to generate with.
+        dynamic_filter: optional group filter (see :mod:`orchestrator.data_buffer`).
+        stall_warning_s: drains waiting this long without a group log a warning.
+
+    Not thread-safe: call it from one event loop (a Ray async actor serialises nothing, but
+    runs every method on its single loop, which is what this class expects).
+
+    Raises:
+        LedgerError: the ledger cannot be opened; UnknownRunError if the run was never started.
+    """
+
+    def __init__(
+        self,
+        ledger_url: str,
+        run_id: str,
+        config: RunConfig,
+        make_prompt: PromptFactory,
+        engine_pool: EnginePool,
+        *,
+        dynamic_filter: DynamicFilter | None = None,
+        stall_warning_s: float = DEFAULT_STALL_WARNING_S,
+    ) -> None:
+        self.run_id = run_id
+        self.config = config
+        self._ledger = Ledger.open(ledger_url, readonly=True)
+        try:
+            self._weight_version = self._ledger.head(run_id).version
+        except BaseException:
+            self._ledger.close()
+            raise
+        self._source = PromptSource(make_prompt)
+        self._buffer = DataBuffer.from_config(config, dynamic_filter)
+        self._rollout = FullyAsyncRolloutFn.from_config(
+            config, engine_pool, self._source, self._buffer, stall_warning_s=stall_warning_s
+        )
+        self._ledger_reads = 1
+        self._pushes_accepted = 0
+        self._regressions_refused = 0
+        self._ahead_refused = 0
+
+    # ----------------------------------------------------------------- versions
+
+    def get_weight_version(self) -> int:
+        """The current weight version (no ledger read)."""
+        return self._weight_version
+
+    def set_weight_version(self, version: int) -> int:
+        """Accept a version pushed by the publisher after it committed; return the current one.
+
+        Precondition: ``version`` was committed to the ledger (``<= head``). Pushing the
+        current version again is a no-op, so a retried push is safe.
+
+        Raises:
+            VersionLabelError: ``version`` is not a non-negative int.
+            VersionRegressionError: ``version`` is below the current version. Counted, logged.
+            VersionAheadOfLedgerError: ``version`` is above the ledger head. Counted, logged.
+            LedgerError: the ledger could not be read.
+            In every refusal the manager's version is unchanged.
+        """
+        version = check_weight_version(version)
+        if version < self._weight_version:
+            self._regressions_refused += 1
+            error = VersionRegressionError(version, self._weight_version)
+            logger.warning("run %s: %s", self.run_id, error)
+            raise error
+        if version > self._weight_version:
+            head = self._read_ledger_head()
+            if version > head:
+                self._ahead_refused += 1
+                error = VersionAheadOfLedgerError(version, head)
+                logger.warning("run %s: %s", self.run_id, error)
+                raise error
+            self._weight_version = version
+        self._pushes_accepted += 1
+        return self._weight_version
+
+    def _read_ledger_head(self) -> int:
+        self._ledger_reads += 1
+        return self._ledger.head(self.run_id).version
+
+    def _refresh_from_ledger(self) -> int:
+        head = self._read_ledger_head()
+        if head > self._weight_version:
+            self._weight_version = head
+        elif head < self._weight_version:
+            # Only possible if the ledger went backwards (a restored database): keep ours.
+            logger.error(
+                "run %s: ledger head %d is below the manager's version %d",
+                self.run_id, head, self._weight_version,
+            )
+        return self._weight_version
+
+    def _current_version(self, at_least: int) -> int:
+        """The buffer's VersionProvider: re-read the ledger if a group is newer than us."""
+        if at_least > self._weight_version:
+            self._refresh_from_ledger()
+        return self._weight_version
+
+    # ----------------------------------------------------------------- rollout
+
+    async def generate(self, rollout_id: int) -> RolloutFnTrainOutput:
+        """Drain one training batch of ``rollout_batch_size`` groups, sorted by group index.
+
+        Reads the ledger head first. Metrics include ``rollout/fully_async/weight_version``
+        (the version staleness was measured against at the end of the drain).
+
+        Raises:
+            ProducerDiedError: the producer died (an engine pool failure) or was shut down.
+            LedgerError: the ledger could not be read; claimed groups go back to the buffer.
+        """
+        version = self._refresh_from_ledger()
+        output = await self._rollout.drain(
+            RolloutFnTrainInput(rollout_id=rollout_id, weight_version=version),
+            self._current_version,
+        )
+        output.metrics[METRIC_PREFIX + "weight_version"] = self._weight_version
+        return output
+
+    def accounting(self) -> Accounting:
+        """Where every prompt that entered is (invariant 7)."""
+        return self._buffer.accounting()
+
+    def prompt_states(self) -> dict[int, str]:
+        """Every prompt index this manager saw -> its state (for audits and drills).
+
+        States: ``trained``, ``dropped:<reason>``, ``pending``, ``in_flight``, ``buffered``,
+        ``claimed``.
+        """
+        return self._buffer.prompt_states()
+
+    def recycle_counts(self) -> dict[int, int]:
+        """Recycle count of every unfinished prompt."""
+        return self._buffer.recycle_counts()
+
+    def next_prompt_index(self) -> int:
+        """Index of the next fresh prompt the source will hand out."""
+        return self._source.next_index
+
+    def metrics(self) -> dict[str, Any]:
+        """Cumulative manager metrics: version, refusals, totals, prompt accounting."""
+        accounting = self._buffer.accounting()
+        return {
+            METRIC_PREFIX + "weight_version": self._weight_version,
+            METRIC_PREFIX + "negative_staleness_total": self._buffer.negative_staleness_total,
+            METRIC_PREFIX + "missing_version_total": self._buffer.missing_version_total,
+            METRIC_PREFIX + "queue_size": self._buffer.queue_size,
+            _MANAGER_PREFIX + "ledger_reads": self._ledger_reads,
+            _MANAGER_PREFIX + "pushes_accepted": self._pushes_accepted,
+            _MANAGER_PREFIX + "version_regressions_refused": self._regressions_refused,
+            _MANAGER_PREFIX + "version_ahead_refused": self._ahead_refused,
+            _MANAGER_PREFIX + "peak_in_flight": self._rollout.peak_in_flight,
+            _MANAGER_PREFIX + "prompts_entered": accounting.entered,
+            _MANAGER_PREFIX + "prompts_trained": accounting.trained,
+            _MANAGER_PREFIX + "prompts_dropped": accounting.dropped_total,
+            _MANAGER_PREFIX + "prompts_unaccounted": accounting.unaccounted,
+        }
+
+    # ----------------------------------------------------------------- persistence
+
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Write the prompt position and every unfinished prompt to ``path`` (JSON, atomic).
+
+        The weight version is not saved: a restored manager takes it from the ledger. Prompts
+        in flight, buffered or recycled are saved as pending, so a manager restored from this
+        file regenerates them first and loses none (prompts trained after the save are
+        regenerated too: at least once). Returns the path written.
+
+        Raises:
+            OSError: the file could not be written; an older file at ``path`` is unchanged.
+        """
+        state = {
+            "format": _STATE_FORMAT,
+            "run_id": self.run_id,
+            "source": self._source.state_dict(),
+            "buffer": self._buffer.state_dict(),
+        }
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(state, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return str(target)
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Restore what :meth:`save` wrote, into a manager that has not generated yet.
+
+        Raises:
+            RuntimeError: this manager already started its producer or handed out prompts.
+            ValueError: the file is for another run, another format, or malformed.
+            OSError: the file cannot be read.
+        """
+        if self._rollout.started or self._buffer.accounting().entered:
+            raise RuntimeError("load() needs a fresh manager (before the first generate)")
+        try:
+            state = json.loads(Path(path).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not a rollout manager state file: {exc}") from None
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            raise ValueError(f"{path}: unknown rollout manager state format")
+        if state.get("run_id") != self.run_id:
+            raise ValueError(f"{path}: state of run {state.get('run_id')!r}, not {self.run_id!r}")
+        source = PromptSource(self._source.make)
+        source.load_state_dict(state["source"])
+        pending = state["buffer"].get("pending", [])
+        if any(int(index) >= source.next_index for index, _ in pending):
+            raise ValueError(f"{path}: a pending prompt is beyond the saved source position")
+        self._buffer.load_state_dict(state["buffer"], self._source.make)
+        self._source.load_state_dict(state["source"])
+        logger.info(
+            "run %s: restored prompt position %d and %d pending prompts from %s",
+            self.run_id, self._source.next_index, len(pending), path,
+        )
+
+    async def shutdown(self) -> None:
+        """Stop the producer (in-flight prompts return to pending) and close the ledger."""
+        await self._rollout.stop()
+        self._ledger.close()

@@ -1,0 +1,241 @@
+"""RolloutManager: version from the ledger, refused pushes, save/load, and as a Ray actor."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pickle
+
+import pytest
+
+from ledger import Ledger
+from orchestrator.config import RunConfig
+from orchestrator.data_buffer import METRIC_PREFIX
+from orchestrator.rollout_manager import (
+    RolloutManager,
+    RolloutVersionError,
+    VersionAheadOfLedgerError,
+    VersionRegressionError,
+)
+from orchestrator.types import VersionLabelError
+from tests.fake_engines import FakeEnginePool, build_ledger, make_prompt, run_async, settle
+
+M = METRIC_PREFIX
+RUN = "run-a"
+
+
+def small_config(**overrides) -> RunConfig:
+    fields = dict(
+        run_id=RUN,
+        rollout_batch_size=4,
+        n_samples_per_prompt=2,
+        async_max_concurrent_samples=4,
+        async_data_buffer_capacity_factor=2,
+        max_weight_staleness=2,
+    )
+    fields.update(overrides)
+    return RunConfig(**fields)
+
+
+def make_manager(url: str, pool: FakeEnginePool, **overrides) -> RolloutManager:
+    return RolloutManager(url, RUN, small_config(**overrides), make_prompt, pool)
+
+
+def batch_versions(output) -> set[int]:
+    return {v for group in output.samples for sample in group for v in sample.weight_versions}
+
+
+def test_seed_scenario_new_cell_pushing_1_is_refused_and_ledger_commit_wins(sqlite_url):
+    build_ledger(sqlite_url, RUN, commits=57)
+    pool = FakeEnginePool(version=57)
+    manager = make_manager(sqlite_url, pool)
+
+    async def scenario():
+        first = await manager.generate(0)
+        # Failover: cell-1 is promoted and, with a counter that restarted, pushes 1.
+        with Ledger.open(sqlite_url) as ledger:
+            epoch = ledger.promote(RUN, "cell-1", reason="failover")
+            with pytest.raises(VersionRegressionError) as refused:
+                manager.set_weight_version(1)
+            kept = manager.get_weight_version()
+            # cell-1 commits its first update; the ledger says 58 (not 2).
+            committed = ledger.commit_weights(RUN, cell_id="cell-1", epoch=epoch, train_step=57)
+        second = await manager.generate(1)  # nobody pushed 58: the drain reads the ledger
+        await manager.shutdown()
+        return first, refused.value, kept, committed, second
+
+    first, refused, kept, committed, second = run_async(scenario)
+
+    assert batch_versions(first) == {57}
+    assert first.metrics[M + "weight_version"] == 57
+    assert first.metrics[M + "staleness_hist"] == {0: 4}
+    assert (refused.requested, refused.reference) == (1, 57)
+    assert kept == 57
+    assert committed == 58
+    assert second.metrics[M + "weight_version"] == 58
+    assert second.metrics[M + "staleness_hist"] == {1: 4}  # samples stamped 57, current 58
+    assert manager.get_weight_version() == 58
+    metrics = manager.metrics()
+    assert metrics["rollout_manager/version_regressions_refused"] == 1
+    assert metrics[M + "negative_staleness_total"] == 0
+
+
+def test_push_above_ledger_head_is_refused_and_valid_pushes_are_idempotent(sqlite_url):
+    build_ledger(sqlite_url, RUN, commits=3)
+    manager = make_manager(sqlite_url, FakeEnginePool(version=3))
+
+    with pytest.raises(VersionAheadOfLedgerError) as ahead:
+        manager.set_weight_version(4)
+    assert (ahead.value.requested, ahead.value.reference) == (4, 3)
+    assert manager.get_weight_version() == 3
+    assert manager.set_weight_version(3) == 3  # a retried push is a no-op
+    with pytest.raises(VersionLabelError):
+        manager.set_weight_version("4")  # type: ignore[arg-type]
+    assert manager.metrics()["rollout_manager/version_ahead_refused"] == 1
+    run_async(manager.shutdown)
+
+
+def test_push_of_a_committed_version_moves_the_manager_forward(sqlite_url):
+    epoch = build_ledger(sqlite_url, RUN, commits=1)
+    manager = make_manager(sqlite_url, FakeEnginePool(version=1))
+    with Ledger.open(sqlite_url) as ledger:
+        ledger.commit_weights(RUN, cell_id="cell-0", epoch=epoch, train_step=1)
+
+    assert manager.set_weight_version(2) == 2
+    with pytest.raises(VersionRegressionError):
+        manager.set_weight_version(1)
+    assert manager.get_weight_version() == 2
+    run_async(manager.shutdown)
+
+
+def test_group_newer_than_the_manager_triggers_a_ledger_read_not_a_negative_staleness(
+    sqlite_url,
+):
+    epoch = build_ledger(sqlite_url, RUN, commits=4)
+    pool = FakeEnginePool(version=4, gated=True)
+    pool.stamp[0] = 5  # this engine is stamped with 5 as soon as 5 commits, before any push
+    manager = make_manager(sqlite_url, pool, rollout_batch_size=1, async_max_concurrent_samples=1)
+
+    async def scenario():
+        drain = asyncio.create_task(manager.generate(0))  # reads head 4
+        await settle()
+        reads_before = manager.metrics()["rollout_manager/ledger_reads"]
+        with Ledger.open(sqlite_url) as ledger:
+            ledger.commit_weights(RUN, cell_id="cell-0", epoch=epoch, train_step=4)
+        pool.release_all()
+        output = await drain
+        await manager.shutdown()
+        return output, reads_before
+
+    output, reads_before = run_async(scenario)
+
+    assert manager.get_weight_version() == 5
+    assert manager.metrics()["rollout_manager/ledger_reads"] > reads_before
+    assert output.metrics[M + "negative_staleness_total"] == 0
+    assert output.metrics[M + "staleness_hist"] == {0: 1}
+    assert output.metrics[M + "weight_version"] == 5
+
+
+@pytest.mark.parametrize("error_type", [VersionRegressionError, VersionAheadOfLedgerError])
+def test_version_errors_pickle_intact(error_type):
+    error = error_type(1, 57)
+
+    restored = pickle.loads(pickle.dumps(error))
+
+    assert type(restored) is error_type
+    assert isinstance(restored, RolloutVersionError) and isinstance(restored, ValueError)
+    assert (restored.requested, restored.reference, str(restored)) == (1, 57, str(error))
+
+
+def test_save_load_round_trip_loses_no_prompt(sqlite_url, tmp_path):
+    build_ledger(sqlite_url, RUN, commits=5)
+    pool = FakeEnginePool(version=5)
+    pool.stamp[1] = 0  # always stale: recycled
+    pool.abort.add(2)  # aborted once: recycled
+    manager = make_manager(sqlite_url, pool)
+    path = tmp_path / "rollout_state.json"
+
+    async def first_life():
+        await manager.generate(0)
+        await manager.generate(1)
+        await settle()
+        manager.save(path)
+        await manager.shutdown()
+
+    run_async(first_life)
+    before = manager.prompt_states()
+    next_index = manager.next_prompt_index()
+
+    restarted_pool = FakeEnginePool(version=5)
+    restarted = make_manager(sqlite_url, restarted_pool)
+    restarted.load(path)
+    after = restarted.prompt_states()
+
+    finished = {i for i, state in before.items() if state.startswith(("trained", "dropped"))}
+    assert set(before) == set(range(next_index))
+    assert set(after) == set(range(next_index)) - finished  # every unfinished prompt is back
+    assert all(state == "pending" for state in after.values())
+    assert restarted.accounting().balanced
+    assert restarted.recycle_counts()[1] >= 1  # recycle counts survive
+
+    async def second_life():
+        output = await restarted.generate(2)
+        await restarted.shutdown()
+        return output
+
+    run_async(second_life)
+    pending_order = [index for index, _ in json.loads(path.read_text())["buffer"]["pending"]]
+    assert restarted_pool.calls[: len(pending_order)] == pending_order  # restored prompts first
+    assert min(restarted_pool.calls[len(pending_order):]) >= next_index
+
+
+def test_load_refuses_another_run_and_a_started_manager(sqlite_url, tmp_path):
+    build_ledger(sqlite_url, RUN, commits=0)
+    build_ledger(sqlite_url, "run-b", commits=0)
+    path = tmp_path / "state.json"
+    manager = make_manager(sqlite_url, FakeEnginePool())
+    manager.save(path)
+
+    other = RolloutManager(sqlite_url, "run-b", small_config(run_id="run-b"), make_prompt,
+                           FakeEnginePool())
+    with pytest.raises(ValueError, match="run-a"):
+        other.load(path)
+
+    async def started():
+        await manager.generate(0)
+        with pytest.raises(RuntimeError):
+            manager.load(path)
+        await manager.shutdown()
+
+    run_async(started)
+    run_async(other.shutdown)
+
+
+@pytest.mark.ray
+def test_manager_as_ray_actor_refuses_regression_and_follows_the_ledger(ray_cluster, sqlite_url):
+    ray = ray_cluster
+    epoch = build_ledger(sqlite_url, RUN, commits=57)
+    actor_class = ray.remote(num_cpus=0.25)(RolloutManager)
+    manager = actor_class.remote(sqlite_url, RUN, small_config(), make_prompt,
+                                 FakeEnginePool(version=57))
+
+    first = ray.get(manager.generate.remote(0), timeout=60)
+    with pytest.raises(VersionRegressionError) as refused:
+        ray.get(manager.set_weight_version.remote(1), timeout=60)
+    kept = ray.get(manager.get_weight_version.remote(), timeout=60)
+    with Ledger.open(sqlite_url) as ledger:
+        ledger.commit_weights(RUN, cell_id="cell-0", epoch=epoch, train_step=57)
+    second = ray.get(manager.generate.remote(1), timeout=60)
+    metrics = ray.get(manager.metrics.remote(), timeout=60)
+    ray.get(manager.shutdown.remote(), timeout=60)
+    ray.kill(manager)
+
+    assert [group[0].group_index for group in first.samples] == sorted(
+        group[0].group_index for group in first.samples
+    )
+    assert first.metrics[M + "weight_version"] == 57
+    assert "below the current version 57" in str(refused.value)
+    assert kept == 57
+    assert second.metrics[M + "weight_version"] == 58
+    assert metrics["rollout_manager/version_regressions_refused"] == 1
+    assert metrics["rollout_manager/prompts_unaccounted"] == 0
