@@ -1,0 +1,56 @@
+"""Errors raised by the actors. All of them pickle, so they cross Ray boundaries intact
+(``ray.get`` re-raises them as a ``RayTaskError`` that is also an instance of the class).
+
+    ActorError
+    ├── StaleEpochError      weight traffic from an epoch lower than one the engine has seen
+    ├── EngineStateError     an engine asked to do something its state forbids
+    ├── TransferError        engines disagree on what they received (checksum mismatch)
+    └── CollectiveError      cross-cell gradient averaging failed (peer died, timeout)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ActorError",
+    "CollectiveError",
+    "EngineStateError",
+    "StaleEpochError",
+    "TransferError",
+]
+
+
+class ActorError(RuntimeError):
+    """Base class of the actors' errors."""
+
+
+class StaleEpochError(ActorError):
+    """An engine refused weights, a version stamp or a resume from a superseded epoch.
+
+    Nothing in the engine changed. ``epoch`` is what the caller sent, ``highest_epoch`` the
+    highest epoch the engine has seen, ``operation`` the refused method.
+    """
+
+    def __init__(self, engine_id: str, operation: str, epoch: int, highest_epoch: int) -> None:
+        super().__init__(
+            f"engine {engine_id} refused {operation} from epoch {epoch}: "
+            f"it has seen epoch {highest_epoch}"
+        )
+        self.engine_id = engine_id
+        self.operation = operation
+        self.epoch = epoch
+        self.highest_epoch = highest_epoch
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (type(self), (self.engine_id, self.operation, self.epoch, self.highest_epoch))
+
+
+class EngineStateError(ActorError):
+    """An engine was asked for an operation its state forbids (e.g. weights while serving)."""
+
+
+class TransferError(ActorError):
+    """A weight transfer reached the engines inconsistently; nothing may be committed."""
+
+
+class CollectiveError(ActorError):
+    """Cross-cell gradient averaging failed; the step was not applied."""
