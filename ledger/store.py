@@ -54,7 +54,7 @@ from ledger.schema import ledger_events, run_heads, runs
 if TYPE_CHECKING:
     from ledger.audit import AuditReport
 
-__all__ = ["Ledger", "RunSummary"]
+__all__ = ["Ledger", "RunSummary", "schema_revision_at"]
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +143,27 @@ def _create_sqlite_engine(path: Path, readonly: bool) -> sa.Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+def schema_revision_at(url: str) -> str | None:
+    """The Alembic revision stamped in the database at ``url``; None if it has no ledger schema.
+
+    Reads only and never creates a file or a table. Unlike ``Ledger.open(url, readonly=True)``
+    it does not require the revision to be current, so it can answer for an old or unknown
+    schema (``ledger db current``).
+
+    Raises:
+        LedgerError: bad URL or unsupported backend; no SQLite file at the path.
+        LedgerUnavailableError: the database cannot be reached.
+    """
+    engine = _create_engine(_normalise_url(url), readonly=True)
+    try:
+        with engine.connect() as conn, conn.begin():
+            return migrate.current_revision(conn)
+    except sa.exc.SQLAlchemyError as exc:
+        raise _translate(exc) from exc
+    finally:
+        engine.dispose()
 
 
 def _translate(exc: Exception) -> LedgerError:

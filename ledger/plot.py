@@ -1,0 +1,225 @@
+"""``ledger plot``: committed version over time, promotions marked, and the staleness histogram.
+
+What is read:
+
+- the ledger (read-only): every event of the run up to its head. The top panel steps through
+  the committed versions against seconds since ``run_started``; each ``cell_promoted`` is a
+  dashed vertical line labelled ``<cell> e<epoch>``; each ``weight_update_aborted`` is a red
+  ``x`` at the version then current; committed-but-unstamped versions are hollow circles.
+- the run's metrics, if found: a JSON-lines file, one object per training step, as
+  ``orchestrator run`` writes it (``runs/<run-id>/metrics.jsonl``). Any key named
+  ``staleness_hist`` or ``staleness_histogram``, bare or at the end of a ``/`` path (so
+  ``rollout/fully_async/staleness_hist``), at the top level or one object down (e.g. under
+  ``"metrics"``), holding ``{lag: count}`` (lag as an int or a string of one) or a list of
+  counts indexed by lag, is summed over all lines into the bottom panel. Negative lags (a bug,
+  DESIGN 4.6) are drawn in red. Lines that are not JSON objects are skipped and counted.
+  Without ``--metrics``, the file is looked for beside a SQLite database (``metrics.jsonl``,
+  then ``<run-id>/metrics.jsonl``); PostgreSQL has no "beside", so pass ``--metrics``.
+
+matplotlib is imported inside :func:`draw` (Agg canvas, no pyplot state), so the other
+commands never pay for it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ledger.events import Event, EventKind
+from ledger.projections import RunState
+from ledger.query import QueryError, log, sqlite_path
+
+__all__ = ["Histogram", "Timeline", "default_metrics_path", "draw", "plot_run", "read_histogram"]
+
+METRICS_FILE = "metrics.jsonl"
+_HISTOGRAM_KEYS = ("staleness_hist", "staleness_histogram")
+
+
+@dataclass
+class Histogram:
+    """Staleness lag -> count, summed over a metrics file."""
+
+    path: Path
+    counts: dict[int, int] = field(default_factory=dict)
+    lines: int = 0
+    skipped_lines: int = 0
+
+    @property
+    def found(self) -> bool:
+        return bool(self.counts)
+
+
+@dataclass
+class Timeline:
+    """What the top panel needs: the folded run plus the times of aborted updates."""
+
+    state: RunState
+    aborts: list[tuple[datetime, int]] = field(default_factory=list)  # (time, head version)
+
+
+def default_metrics_path(url: str, run_id: str) -> Path | None:
+    """``metrics.jsonl`` beside a SQLite database, or under ``<run-id>/`` beside it."""
+    database = sqlite_path(url)
+    if database is None:
+        return None
+    for candidate in (database.parent / METRICS_FILE, database.parent / run_id / METRICS_FILE):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _is_histogram_key(key: str) -> bool:
+    return key.rsplit("/", 1)[-1] in _HISTOGRAM_KEYS
+
+
+def _add(counts: dict[int, int], value: Any) -> bool:
+    items = enumerate(value) if isinstance(value, list) else value.items()
+    added = False
+    for lag, count in items:
+        try:
+            lag_int, count_int = int(lag), int(count)
+        except (TypeError, ValueError):
+            continue
+        counts[lag_int] = counts.get(lag_int, 0) + count_int
+        added = True
+    return added
+
+
+def read_histogram(path: Path) -> Histogram:
+    """Sum every staleness histogram in the JSON-lines file at ``path``.
+
+    Raises:
+        QueryError: the file cannot be read.
+    """
+    histogram = Histogram(path)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise QueryError(f"cannot read metrics {path}: {exc.strerror or exc}") from None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        histogram.lines += 1
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            histogram.skipped_lines += 1
+            continue
+        scopes = [record] + [value for value in record.values() if isinstance(value, dict)]
+        for scope in scopes:
+            for key, value in scope.items():
+                if _is_histogram_key(str(key)) and isinstance(value, dict | list):
+                    _add(histogram.counts, value)
+    return histogram
+
+
+def _timeline(events: list[Event] | Any, run_id: str) -> Timeline:
+    timeline = Timeline(RunState(run_id))
+    for event in events:
+        timeline.state.apply(event)
+        if event.kind == EventKind.WEIGHT_UPDATE_ABORTED:
+            timeline.aborts.append((event.recorded_at, timeline.state.head_version))
+    return timeline
+
+
+def draw(timeline: Timeline, histogram: Histogram | None, out: Path, title: str) -> None:
+    """Render the PNG (Agg canvas; matplotlib imported here, not at module import)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    state = timeline.state
+    panels = 2 if histogram is not None and histogram.found else 1
+    figure = Figure(figsize=(9, 3.6 * panels), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(panels, 1, squeeze=False)[:, 0]
+    start = state.started_at
+
+    def seconds(moment: datetime) -> float:
+        return (moment - start).total_seconds() if start is not None else 0.0
+
+    commits = sorted(state.commits.values(), key=lambda commit: commit.seq)
+    times = [0.0] + [seconds(commit.recorded_at) for commit in commits]
+    versions = [0] + [commit.version for commit in commits]
+    top = axes[0]
+    top.step(times, versions, where="post", color="tab:blue", label="committed version")
+    top.plot(times, versions, "o", color="tab:blue", markersize=3)
+    for promotion in state.promotions:
+        at = seconds(promotion.recorded_at)
+        top.axvline(at, color="tab:orange", linestyle="--", linewidth=1)
+        top.annotate(
+            f"{promotion.cell_id} e{promotion.epoch}", (at, 1), xycoords=("data", "axes fraction"),
+            rotation=90, va="top", ha="right", fontsize=8, color="tab:orange",
+        )
+    if timeline.aborts:
+        top.plot(
+            [seconds(at) for at, _ in timeline.aborts], [v for _, v in timeline.aborts],
+            "x", color="tab:red", markersize=8, label="aborted update",
+        )
+    unstamped = [state.commits[v] for v in state.unstamped_versions]
+    if unstamped:
+        top.plot(
+            [seconds(commit.recorded_at) for commit in unstamped],
+            [commit.version for commit in unstamped],
+            "o", markerfacecolor="none", markeredgecolor="tab:red", markersize=9,
+            label="committed, not stamped",
+        )
+    top.set_xlabel("seconds since run_started")
+    top.set_ylabel("weight version")
+    top.set_title(title)
+    top.legend(loc="lower right", fontsize=8)
+    if panels == 2:
+        assert histogram is not None
+        lags = sorted(histogram.counts)
+        bottom = axes[1]
+        bottom.bar(
+            lags, [histogram.counts[lag] for lag in lags],
+            color=["tab:red" if lag < 0 else "tab:green" for lag in lags],
+        )
+        bottom.set_xlabel("staleness (head version - oldest sample version)")
+        bottom.set_ylabel("groups trained")
+        bottom.set_title(f"staleness histogram ({histogram.path.name}, {histogram.lines} lines)")
+    figure.savefig(out, format="png", dpi=100)
+
+
+def plot_run(
+    url: str, run_id: str | None, out: str, metrics: str | None = None
+) -> dict[str, Any]:
+    """Draw the run's PNG at ``out`` and return what was drawn (the database is only read).
+
+    Raises:
+        QueryError: an explicit ``metrics`` file that cannot be read; ``out`` not writable.
+    """
+    with log(url, run_id) as answer:
+        header = answer.header
+        timeline = _timeline(answer.events, header["run_id"])
+    if metrics is not None:
+        metrics_path: Path | None = Path(metrics)
+        if not metrics_path.is_file():
+            raise QueryError(f"no metrics file at {metrics}")
+    else:
+        metrics_path = default_metrics_path(url, header["run_id"])
+    histogram = read_histogram(metrics_path) if metrics_path is not None else None
+    target = Path(out)
+    try:
+        draw(timeline, histogram, target, f"run {header['run_id']}: committed weight versions")
+    except OSError as exc:
+        raise QueryError(f"cannot write {out}: {exc.strerror or exc}") from None
+    state = timeline.state
+    return {
+        "header": header,
+        "file": str(target),
+        "commits": len(state.commits),
+        "promotions": len(state.promotions),
+        "aborted": len(timeline.aborts),
+        "unstamped_versions": state.unstamped_versions,
+        "metrics": None if metrics_path is None else str(metrics_path),
+        "histogram": (
+            None if histogram is None or not histogram.found
+            else {str(lag): histogram.counts[lag] for lag in sorted(histogram.counts)}
+        ),
+    }

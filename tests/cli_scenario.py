@@ -1,0 +1,80 @@
+"""A small, deterministic run built through the public ledger API, for the CLI tests.
+
+Story: cell c0 is promoted (epoch 1) and commits versions 1 and 2, both stamped on engines e0
+and e1; its third update is aborted; c0 errors, c1 is promoted on failover (epoch 2), commits
+and stamps version 3, saves a checkpoint, then commits version 4 and dies before stamping it.
+
+Time is frozen (``frozen_clock``) and every idempotency key is explicit, so every hash, and
+therefore every golden file, is the same on every machine and backend.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from ledger import EventKind, Ledger
+
+RUN_ID = "run-a"
+EPOCH_START = datetime(2026, 11, 29, 10, 0, 0)
+
+
+def frozen_clock(start: datetime = EPOCH_START) -> Callable[[], datetime]:
+    """A stand-in for ``ledger.store._utcnow``: each call is 1.25 s after the previous one."""
+    ticks = itertools.count()
+    return lambda: start + timedelta(milliseconds=1250 * next(ticks))
+
+
+def build_run(ledger: Ledger, run_id: str = RUN_ID) -> None:
+    """Append the story above to ``run_id``."""
+    ledger.start_run(run_id, config={"cells": 2, "engines": 2, "max_weight_staleness": 2})
+    epoch = ledger.promote(run_id, "c0", reason="start", idempotency_key="promote:c0:1")
+    for cell in ("c0", "c1"):
+        ledger.append(
+            run_id, EventKind.CELL_STATE, {"state": "alive", "quorum_id": 1},
+            cell_id=cell, idempotency_key=f"state:{cell}:alive",
+        )
+    for step in (1, 2):
+        _publish(ledger, run_id, "c0", epoch, step, stamp=True)
+    ledger.append(
+        run_id, EventKind.WEIGHT_UPDATE_STARTED, {"train_step": 3, "transport": "full"},
+        cell_id="c0", epoch=epoch, idempotency_key="started:c0:3",
+    )
+    ledger.append(
+        run_id, EventKind.WEIGHT_UPDATE_ABORTED,
+        {"train_step": 3, "transport": "full", "reason": "engine e1 did not pause"},
+        cell_id="c0", epoch=epoch, idempotency_key="aborted:c0:3",
+    )
+    ledger.append(
+        run_id, EventKind.CELL_STATE, {"state": "errored", "quorum_id": 2},
+        cell_id="c0", idempotency_key="state:c0:errored",
+    )
+    epoch = ledger.promote(
+        run_id, "c1", reason="failover", previous_cell="c0", idempotency_key="promote:c1:2"
+    )
+    _publish(ledger, run_id, "c1", epoch, 3, stamp=True)
+    ledger.append(
+        run_id, EventKind.CHECKPOINT_SAVED,
+        {"train_step": 3, "version": 3, "path": "runs/run-a/ckpt/step3"},
+        cell_id="c1", epoch=epoch, idempotency_key="checkpoint:3",
+    )
+    _publish(ledger, run_id, "c1", epoch, 4, stamp=False)  # dies between commit and stamp
+
+
+def _publish(
+    ledger: Ledger, run_id: str, cell: str, epoch: int, step: int, *, stamp: bool
+) -> None:
+    ledger.append(
+        run_id, EventKind.WEIGHT_UPDATE_STARTED, {"train_step": step, "transport": "full"},
+        cell_id=cell, epoch=epoch, idempotency_key=f"started:{cell}:{step}",
+    )
+    version = ledger.commit_weights(
+        run_id, cell_id=cell, epoch=epoch, train_step=step, transport="full",
+        checksum=f"sha256:{step:04d}", idempotency_key=f"commit:{cell}:{step}",
+    )
+    if stamp:
+        ledger.append(
+            run_id, EventKind.ENGINES_STAMPED, {"version": version, "engine_ids": ["e0", "e1"]},
+            cell_id=cell, epoch=epoch, idempotency_key=f"stamped:{version}",
+        )
