@@ -1,0 +1,148 @@
+"""The GRPO objective: group-normalised advantages and a clipped importance ratio.
+
+Samples come from rollout engines that may run older weights than the trainer (fully async).
+Each response token carries the log-probability the engine sampled it with; the loss weights
+the token's advantage by ``ratio = exp(logp_now - logp_rollout)`` clipped PPO-style to
+``[1 - clip_low, 1 + clip_high]``, so off-policy samples are corrected and cannot move the
+policy far in one step. The loss is the mean over all response tokens of the batch.
+
+Log-probs on both sides are ``log_softmax(logits / temperature)`` of the chosen token (top-p
+filtering is ignored, as is usual: the engine records the unfiltered value).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from orchestrator.types import Sample, SampleStatus
+
+__all__ = ["GRPOConfig", "TrainBatch", "build_train_batch", "grpo_loss", "group_advantages",
+           "token_log_probs"]
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Knobs of the objective. ``temperature`` must equal the engines' sampling temperature."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    temperature: float = 1.0
+    advantage_eps: float = 1e-6
+
+
+def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
+    """``(r - mean) / (std + eps)`` within one group; all zeros when every reward is equal."""
+    values = torch.tensor(list(rewards), dtype=torch.float64)
+    if values.numel() < 2:
+        return [0.0] * values.numel()
+    centred = values - values.mean()
+    return (centred / (values.std(unbiased=False) + eps)).tolist()
+
+
+@dataclass
+class TrainBatch:
+    """Padded tensors of one training batch (n sequences of length L).
+
+    ``loss_mask[i, t]`` is 1 where token ``t + 1`` of sequence ``i`` is a response token;
+    ``rollout_log_probs`` is aligned with it.
+    """
+
+    tokens: torch.Tensor  # [n, L] long
+    loss_mask: torch.Tensor  # [n, L-1] float
+    rollout_log_probs: torch.Tensor  # [n, L-1] float
+    advantages: torch.Tensor  # [n] float
+    rewards: torch.Tensor  # [n] float
+    skipped_samples: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.loss_mask.sum().item())
+
+
+def build_train_batch(groups: Sequence[Sequence[Sample]], pad_id: int,
+                      eps: float = 1e-6) -> TrainBatch:
+    """Tensorise groups of samples; advantages are normalised within each group.
+
+    ABORTED samples and samples without response tokens are skipped (counted in
+    ``skipped_samples``); the rollout path should not deliver them, but a batch with some is
+    still trainable.
+
+    Raises:
+        ValueError: no trainable sample, or a sample whose log-probs do not match its tokens.
+    """
+    rows: list[tuple[Sample, float]] = []
+    skipped = 0
+    for group in groups:
+        usable = [s for s in group if s.status is not SampleStatus.ABORTED and s.response_tokens]
+        skipped += len(group) - len(usable)
+        for sample, advantage in zip(usable, group_advantages([s.reward for s in usable], eps)):
+            if len(sample.rollout_log_probs) != len(sample.response_tokens):
+                raise ValueError(
+                    f"sample {sample.index}: {len(sample.rollout_log_probs)} log-probs for "
+                    f"{len(sample.response_tokens)} response tokens"
+                )
+            rows.append((sample, advantage))
+    if not rows:
+        raise ValueError("no trainable sample in the batch")
+    length = max(len(s.prompt_tokens) + len(s.response_tokens) for s, _ in rows)
+    tokens = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros(len(rows), length - 1)
+    rollout_log_probs = torch.zeros(len(rows), length - 1)
+    for row, (sample, _) in enumerate(rows):
+        prompt_length, response_length = len(sample.prompt_tokens), len(sample.response_tokens)
+        tokens[row, :prompt_length] = torch.tensor(sample.prompt_tokens)
+        tokens[row, prompt_length:prompt_length + response_length] = torch.tensor(
+            sample.response_tokens
+        )
+        # Position t predicts token t + 1: the first response token is predicted at
+        # prompt_length - 1.
+        span = slice(prompt_length - 1, prompt_length - 1 + response_length)
+        loss_mask[row, span] = 1.0
+        rollout_log_probs[row, span] = torch.tensor(sample.rollout_log_probs)
+    return TrainBatch(
+        tokens=tokens,
+        loss_mask=loss_mask,
+        rollout_log_probs=rollout_log_probs,
+        advantages=torch.tensor([a for _, a in rows], dtype=torch.float32),
+        rewards=torch.tensor([s.reward for s, _ in rows], dtype=torch.float32),
+        skipped_samples=skipped,
+    )
+
+
+def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor,
+                    temperature: float = 1.0) -> torch.Tensor:
+    """Log-prob of each next token: ``out[i, t] = log p(tokens[i, t+1] | tokens[i, :t+1])``."""
+    scaled = logits[:, :-1, :] / (temperature if temperature > 0 else 1.0)
+    return F.log_softmax(scaled.float(), dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+
+
+def grpo_loss(model: nn.Module, batch: TrainBatch,
+              config: GRPOConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped GRPO loss of ``batch`` under ``model`` (differentiable) and its metrics."""
+    log_probs = token_log_probs(model(batch.tokens), batch.tokens, config.temperature)
+    mask = batch.loss_mask
+    num_tokens = mask.sum().clamp(min=1.0)
+    log_ratio = (log_probs - batch.rollout_log_probs) * mask
+    ratio = torch.exp(log_ratio)
+    advantages = batch.advantages[:, None].expand_as(ratio)
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high) * advantages
+    loss = -(torch.minimum(unclipped, clipped) * mask).sum() / num_tokens
+    with torch.no_grad():
+        was_clipped = ((unclipped != clipped) & (mask > 0)).float().sum() / num_tokens
+        metrics = {
+            "loss": float(loss.item()),
+            "reward_mean": float(batch.rewards.mean().item()),
+            "clip_fraction": float(was_clipped.item()),
+            "approx_kl": float(((ratio - 1.0) - log_ratio).mul(mask).sum().div(num_tokens)),
+            "ratio_max": float(ratio.masked_fill(mask == 0, 0.0).max().item()),
+            "num_tokens": float(num_tokens.item()),
+            "num_samples": float(batch.tokens.shape[0]),
+            "skipped_samples": float(batch.skipped_samples),
+        }
+    return loss, metrics

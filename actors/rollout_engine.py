@@ -1,0 +1,345 @@
+"""RolloutEngine: samples responses with its own inference copy of the policy.
+
+A plain class, made remote where it is allocated, as a threaded actor so that control calls
+arrive while ``generate`` runs::
+
+    Engine = ray.remote(**ROLLOUT_ENGINE_ACTOR_OPTIONS)(RolloutEngine)
+
+Control methods (pause, updates, health) run in their own concurrency group, so they are never
+queued behind generate calls blocked on a pause.
+
+State and its rules:
+
+- ``version``: the label of the loaded weights; 0 at launch, then whatever the publisher
+  stamps through :meth:`update_weight_version`. Every sample is stamped with the version that
+  was current when its generate call started (weights never change under a running call:
+  loading needs the engine paused and drained).
+- ``epoch``: the highest publisher epoch seen. :meth:`begin_update`, :meth:`load_weights`,
+  :meth:`update_weight_version` and :meth:`continue_generation` (with an epoch) from a lower
+  epoch raise :class:`~actors.errors.StaleEpochError` and change nothing: the ledger fences the
+  record, the engines fence the tensors.
+- ``paused``: new generate calls wait (up to ``paused_wait_timeout_s``, then come back
+  ABORTED); in-flight calls stop at the next token and come back ABORTED.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+
+import ray
+import torch
+
+from actors.errors import EngineStateError, StaleEpochError
+from actors.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
+from actors.task import AdditionTask
+from actors.weight_sync import TRANSPORTS, tensors_checksum
+from orchestrator.types import Prompt, Sample, SampleStatus, check_weight_version
+
+__all__ = ["ROLLOUT_ENGINE_ACTOR_OPTIONS", "RolloutEngine", "SamplingParams"]
+
+CONTROL = "control"
+ROLLOUT_ENGINE_ACTOR_OPTIONS: dict[str, Any] = {
+    "num_cpus": 0.5,
+    "max_concurrency": 16,  # concurrent generate calls
+    "concurrency_groups": {CONTROL: 4},
+}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How responses are sampled. ``temperature == 0`` is greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 3
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_new_tokens < 1:
+            raise ValueError(f"invalid sampling parameters: {self}")
+
+    @classmethod
+    def from_value(cls, value: SamplingParams | dict[str, Any] | None) -> SamplingParams:
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        unknown = set(value) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown sampling keys: {sorted(unknown)}")
+        return cls(**value)
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero the tail outside the smallest set of tokens whose mass reaches ``top_p``."""
+    if top_p >= 1.0:
+        return probs
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    # Keep a token if the mass before it is below top_p (so the top token is always kept).
+    keep_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) < top_p
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return probs * keep
+
+
+class RolloutEngine:
+    """One inference engine: a policy copy, a sampler, a version label and an epoch fence.
+
+    Thread-safe: ``generate`` may run in many threads while control methods arrive.
+    """
+
+    def __init__(
+        self,
+        engine_id: str,
+        backend: str = "torch",
+        policy_config: Any = None,
+        seed: int = 0,
+        task: AdditionTask | None = None,
+        sampling: SamplingParams | dict[str, Any] | None = None,
+        paused_wait_timeout_s: float = 60.0,
+    ) -> None:
+        """Build the engine's policy from ``(backend, policy_config, seed)``: the trainer must
+        use the same triple so version 0 means the same weights everywhere.
+
+        Raises:
+            PolicyError, ValueError: the policy or sampling parameters are invalid.
+        """
+        torch.set_num_threads(1)  # a fraction of a core per actor on a small machine
+        self.engine_id = engine_id
+        self.backend = backend
+        self.task = task or AdditionTask()
+        self.sampling = SamplingParams.from_value(sampling)
+        self.paused_wait_timeout_s = paused_wait_timeout_s
+        config = PolicyConfig.from_value(policy_config)
+        self.model = build_policy(backend, config, seed).eval()
+        self.max_sequence_length = config.max_sequence_length
+        self._generator = torch.Generator().manual_seed(seed * 1_000_003 + 17)
+        self._rng_lock = threading.Lock()
+        self._state = threading.Condition()
+        self._version = 0
+        self._epoch = 0
+        self._paused = False
+        self._in_flight = 0
+        self._abort_token = 0
+        self._updating = False
+        self._counters = {"generate_calls": 0, "aborted_calls": 0, "weight_loads": 0}
+
+    # ---------------------------------------------------------------------------- helpers
+
+    def pid(self) -> int:
+        """The process id of this engine (tests kill it from outside)."""
+        return os.getpid()
+
+    def _check_epoch(self, operation: str, epoch: int) -> None:
+        """Must hold ``self._state``. Raises StaleEpochError, else adopts a higher epoch."""
+        if epoch < self._epoch:
+            raise StaleEpochError(self.engine_id, operation, epoch, self._epoch)
+        self._epoch = epoch
+
+    # ---------------------------------------------------------------------------- sampling
+
+    def generate(self, prompt: Prompt, n_samples: int, group_index: int) -> list[Sample]:
+        """Sample ``n_samples`` responses to ``prompt``, each stamped with the current version.
+
+        Waits while the engine is paused (up to ``paused_wait_timeout_s``). A call that is
+        aborted (pause, update) returns its samples with status ABORTED: unfinished responses
+        as far as they got, reward 0. Never raises for a pause; the caller regenerates the
+        group.
+
+        Raises:
+            ValueError: ``n_samples < 1`` or the prompt does not fit the context.
+        """
+        if n_samples < 1:
+            raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+        if len(prompt.tokens) >= self.max_sequence_length:
+            raise ValueError(f"prompt of {len(prompt.tokens)} tokens leaves no room to answer")
+        with self._state:
+            deadline = time.monotonic() + self.paused_wait_timeout_s
+            while self._paused and time.monotonic() < deadline:
+                self._state.wait(timeout=max(0.0, deadline - time.monotonic()))
+            self._counters["generate_calls"] += 1
+            if self._paused:
+                self._counters["aborted_calls"] += 1
+                return self._samples(prompt, group_index, [[]] * n_samples, [[]] * n_samples,
+                                     [False] * n_samples, self._version, aborted=True)
+            self._in_flight += 1
+            abort_token, version = self._abort_token, self._version
+        try:
+            responses, log_probs, finished, aborted = self._sample(prompt, n_samples, abort_token)
+        finally:
+            with self._state:
+                self._in_flight -= 1
+                self._state.notify_all()
+        if aborted:
+            with self._state:
+                self._counters["aborted_calls"] += 1
+        return self._samples(prompt, group_index, responses, log_probs, finished, version, aborted)
+
+    @torch.inference_mode()
+    def _sample(self, prompt: Prompt, n_samples: int,
+                abort_token: int) -> tuple[list[list[int]], list[list[float]], list[bool], bool]:
+        eos_id, pad_id = self.task.tokenizer.eos_id, self.task.tokenizer.pad_id
+        tokens = torch.tensor([list(prompt.tokens)] * n_samples, dtype=torch.long)
+        responses: list[list[int]] = [[] for _ in range(n_samples)]
+        log_probs: list[list[float]] = [[] for _ in range(n_samples)]
+        finished = [False] * n_samples
+        temperature = self.sampling.temperature
+        for _ in range(self.sampling.max_new_tokens):
+            if self._abort_token != abort_token:
+                return responses, log_probs, finished, True
+            if tokens.shape[1] >= self.max_sequence_length:
+                break
+            logits = self.model(tokens)[:, -1, :].float()
+            step_log_probs = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+            if temperature == 0:
+                next_tokens = logits.argmax(dim=-1)
+            else:
+                probs = _top_p_filter(step_log_probs.exp(), self.sampling.top_p)
+                with self._rng_lock:
+                    next_tokens = torch.multinomial(probs, 1, generator=self._generator)[:, 0]
+            chosen = step_log_probs.gather(-1, next_tokens[:, None])[:, 0]
+            for row in range(n_samples):
+                if not finished[row]:
+                    responses[row].append(int(next_tokens[row]))
+                    log_probs[row].append(float(chosen[row]))
+                    finished[row] = int(next_tokens[row]) == eos_id
+            if all(finished):
+                break
+            next_tokens = next_tokens.masked_fill(torch.tensor(finished), pad_id)
+            tokens = torch.cat([tokens, next_tokens[:, None]], dim=1)
+        return responses, log_probs, finished, False
+
+    def _samples(self, prompt: Prompt, group_index: int, responses: list[list[int]],
+                 log_probs: list[list[float]], finished: list[bool], version: int,
+                 aborted: bool) -> list[Sample]:
+        samples = []
+        for row, (response, row_log_probs) in enumerate(zip(responses, log_probs)):
+            if finished[row]:
+                status = SampleStatus.COMPLETED
+            else:
+                status = SampleStatus.ABORTED if aborted else SampleStatus.TRUNCATED
+            reward = 0.0 if status is SampleStatus.ABORTED else self.task.reward(prompt, response)
+            samples.append(Sample(
+                index=group_index * len(responses) + row,
+                group_index=group_index,
+                prompt_tokens=list(prompt.tokens),
+                response_tokens=list(response),
+                rollout_log_probs=list(row_log_probs),
+                reward=reward,
+                status=status,
+                weight_versions=[version],
+                metadata={"engine_id": self.engine_id, "prompt_index": prompt.index,
+                          "label": prompt.label},
+            ))
+        return samples
+
+    # ---------------------------------------------------------------------------- control
+
+    @ray.method(concurrency_group=CONTROL)
+    def pause(self) -> int:
+        """Stop serving: in-flight calls come back ABORTED, new calls wait. Returns when no
+        call is in flight (so weights can be swapped safely); returns the number aborted."""
+        with self._state:
+            self._paused = True
+            self._abort_token += 1
+            aborted = self._in_flight
+            while self._in_flight:
+                self._state.wait()
+            return aborted
+
+    @ray.method(concurrency_group=CONTROL)
+    def continue_generation(self, epoch: int | None = None) -> None:
+        """Resume serving. With ``epoch``, fenced like the weight calls (a zombie publisher
+        must not resume engines a newer publisher paused).
+
+        Raises:
+            StaleEpochError: ``epoch`` is lower than the highest seen; the engine stays paused.
+        """
+        with self._state:
+            if epoch is not None:
+                self._check_epoch("continue_generation", epoch)
+            self._paused = False
+            self._updating = False
+            self._state.notify_all()
+
+    @ray.method(concurrency_group=CONTROL)
+    def begin_update(self, epoch: int) -> dict[str, Any]:
+        """Step 2 of a weight update: adopt ``epoch``, pause and drain. Returns :meth:`health`.
+
+        Raises:
+            StaleEpochError: ``epoch`` is lower than the highest seen; nothing changes.
+        """
+        with self._state:
+            self._check_epoch("begin_update", epoch)
+            self._updating = True
+        self.pause()
+        return self.health()
+
+    @ray.method(concurrency_group=CONTROL)
+    def load_weights(self, tensors: dict[str, torch.Tensor], epoch: int,
+                     transport: str = "full") -> str:
+        """Step 3: copy the transferred tensors in place; returns their checksum as received.
+
+        ``full`` needs every tensor of the model, ``lora`` exactly its adapter tensors. The
+        version label does not change (that is the stamp's job, after the commit).
+
+        Raises:
+            StaleEpochError: ``epoch`` is lower than the highest seen; nothing changes.
+            EngineStateError: the engine is not paused (no :meth:`begin_update` first).
+            PolicyError: the tensors do not match the model; nothing changes.
+            ValueError: unknown transport.
+        """
+        if transport not in TRANSPORTS:
+            raise ValueError(f"unknown transport {transport!r}; expected one of {TRANSPORTS}")
+        with self._state:
+            self._check_epoch("load_weights", epoch)
+            if not self._paused or self._in_flight:
+                raise EngineStateError(
+                    f"engine {self.engine_id} must be paused and drained to load weights"
+                )
+            load_tensors(self.model, tensors, adapters_only=transport == "lora")
+            self._counters["weight_loads"] += 1
+            return tensors_checksum(tensors)
+
+    @ray.method(concurrency_group=CONTROL)
+    def update_weight_version(self, version: int, epoch: int) -> str:
+        """Step 5: stamp the loaded weights with the committed ``version``; returns the
+        engine id (for the ``engines_stamped`` event). Does not resume.
+
+        Raises:
+            StaleEpochError: ``epoch`` is lower than the highest seen; nothing changes.
+            VersionLabelError: ``version`` is not a non-negative int; nothing changes.
+        """
+        with self._state:
+            if epoch < self._epoch:
+                raise StaleEpochError(self.engine_id, "update_weight_version", epoch, self._epoch)
+            version = check_weight_version(version)
+            self._epoch = epoch
+            self._version = version
+            return self.engine_id
+
+    @ray.method(concurrency_group=CONTROL)
+    def weights_checksum(self, adapters_only: bool = False) -> str:
+        """sha256 of the engine's tensors (all, or adapters only) in name order."""
+        tensors = tensor_state_dict(self.model)
+        if adapters_only:
+            tensors = {k: v for k, v in tensors.items() if k.endswith((".lora_a", ".lora_b"))}
+        return tensors_checksum(tensors)
+
+    @ray.method(concurrency_group=CONTROL)
+    def health(self) -> dict[str, Any]:
+        """A snapshot: id, pid, version, epoch, paused, updating, in flight, counters."""
+        with self._state:
+            return {
+                "engine_id": self.engine_id,
+                "pid": os.getpid(),
+                "backend": self.backend,
+                "version": self._version,
+                "epoch": self._epoch,
+                "paused": self._paused,
+                "updating": self._updating,
+                "in_flight": self._in_flight,
+                **self._counters,
+            }

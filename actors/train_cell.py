@@ -1,0 +1,449 @@
+"""TrainCell: one independent replica of the trainer (indep-dp), one Ray actor per cell.
+
+A plain class, made remote where it is allocated::
+
+    Cell = ray.remote(**TRAIN_CELL_ACTOR_OPTIONS)(TrainCell)
+
+Each step, alive cells average gradients over a gloo group that the control plane re-forms
+when membership changes (:meth:`TrainCell.configure_group`). Mechanism, chosen after trying
+both on this CPU-only machine: **torchft's reconfigurable ``ProcessGroupGloo``** (torchft 0.2).
+It works on CPU, creates its gloo backend on a ``PrefixStore`` over a TCP store without
+touching ``torch.distributed``'s default group (which megatron's parallel state already owns as
+a world of 1 per process), and a re-configure with a fresh prefix per quorum id tears down the
+old group. The store is hosted by the control plane (:func:`create_rendezvous_store`).
+
+One cell is the publisher (the newest ``cell_promoted`` in the ledger). Its weight update
+follows DESIGN section 5 through four public steps that :meth:`TrainCell.update_weights` calls
+in order, so a test or drill can stop between any two of them from outside:
+
+1. :meth:`begin_update`: ``weight_update_started`` (fenced), then pause every engine at epoch e.
+2. :meth:`transfer`: full parameters or LoRA adapters into every engine (no label change).
+3. :meth:`commit`: ``v = commit_weights(...)`` (fenced, idempotent per cell/epoch/step/checksum).
+4. :meth:`finalize`: the one ``finalize_and_resume_engines(v, e)``, ``engines_stamped``, then
+   push v to the RolloutManager.
+
+A death before step 3 leaves the engines paused with unlabelled weights and the ledger without
+that version; the next publisher transfers again. A death after it leaves a committed but
+unstamped version, which the audit reports; the next commit is still head + 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from ray.actor import ActorHandle
+
+from actors.errors import CollectiveError
+from actors.grpo import GRPOConfig, build_train_batch, grpo_loss
+from actors.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
+from actors.task import TOKENIZER
+from actors.weight_sync import (
+    TRANSPORTS,
+    begin_engine_update,
+    collect_weights,
+    finalize_and_resume_engines,
+    tensors_checksum,
+    transfer_weights,
+)
+from ledger import Ledger
+from orchestrator.types import Group, Sample
+
+__all__ = ["TRAIN_CELL_ACTOR_OPTIONS", "TrainCell", "create_rendezvous_store"]
+
+logger = logging.getLogger(__name__)
+
+TRAIN_CELL_ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 0.5, "max_concurrency": 1}
+
+
+def create_rendezvous_store(host: str = "127.0.0.1", port: int = 0) -> tuple[Any, str]:
+    """Host the TCP store that cells rendezvous on; returns ``(store, "host:port")``.
+
+    Keep the returned store object alive for as long as groups are formed (it is the server).
+    ``port=0`` picks a free port.
+    """
+    from torch.distributed import TCPStore
+
+    store = TCPStore(host, port, is_master=True, wait_for_workers=False)
+    return store, f"{host}:{store.port}"
+
+
+class TrainCell:
+    """One trainer replica: policy, plain torch optimizer, gradient group, publisher steps.
+
+    Not thread-safe: the actor runs one call at a time (``max_concurrency=1``).
+    """
+
+    def __init__(
+        self,
+        cell_id: str,
+        backend: str = "torch",
+        policy_config: PolicyConfig | dict[str, Any] | None = None,
+        seed: int = 0,
+        transport: str = "full",
+        learning_rate: float = 3e-3,
+        grpo: GRPOConfig | None = None,
+        max_grad_norm: float = 1.0,
+        collective_timeout_s: float = 30.0,
+    ) -> None:
+        """Build the policy from ``(backend, policy_config, seed)`` (engines must use the same
+        triple) and an AdamW over its trainable parameters (adapters only with LoRA).
+
+        Raises:
+            ValueError: unknown transport, or ``lora`` without ``policy_config.lora_rank > 0``.
+            PolicyError: the policy cannot be built.
+        """
+        torch.set_num_threads(1)
+        config = PolicyConfig.from_value(policy_config)
+        if transport not in TRANSPORTS:
+            raise ValueError(f"unknown transport {transport!r}; expected one of {TRANSPORTS}")
+        if transport == "lora" and config.lora_rank < 1:
+            raise ValueError("the lora transport needs policy_config.lora_rank > 0")
+        self.cell_id = cell_id
+        self.backend = backend
+        self.policy_config = config
+        self.transport = transport
+        self.grpo = grpo or GRPOConfig()
+        self.max_grad_norm = max_grad_norm
+        self.collective_timeout = timedelta(seconds=collective_timeout_s)
+        self.model = build_policy(backend, config, seed).train()
+        self._parameters = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self._parameters, lr=learning_rate, weight_decay=0.0)
+        self.train_step_count = 0
+        self.weight_version = 0  # the last version this cell's weights were committed as
+        self._group: Any = None
+        self._group_world = (None, 0, 1)  # (quorum id, rank, world size)
+        self._ledgers: dict[str, Ledger] = {}
+        self._pending_checksum: str | None = None
+
+    def pid(self) -> int:
+        """The process id of this cell (tests kill it from outside)."""
+        return os.getpid()
+
+    # ---------------------------------------------------------------------------- group
+
+    def configure_group(self, quorum_id: int, rank: int, world_size: int,
+                        store_addr: str | None = None) -> None:
+        """Join the gradient group of quorum ``quorum_id`` as ``rank`` of ``world_size``.
+
+        Every member must call this concurrently with the same quorum id and world size; it
+        blocks until all have joined (or the collective timeout passes). ``world_size == 1``
+        drops any group (no averaging). A new quorum id gives a fresh store prefix, so members
+        of an old quorum can never meet members of the new one.
+
+        Raises:
+            CollectiveError: the group could not be formed; the cell has no group afterwards.
+        """
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"invalid rank {rank} of world {world_size}")
+        self._drop_group()
+        if world_size == 1:
+            self._group_world = (quorum_id, 0, 1)
+            return
+        if store_addr is None:
+            raise ValueError("a group of more than one cell needs store_addr")
+        from torchft.process_group import ProcessGroupGloo
+
+        group = ProcessGroupGloo(timeout=self.collective_timeout)
+        try:
+            group.configure(f"{store_addr}/rl-ledger/quorum/{quorum_id}", self.cell_id, rank,
+                            world_size, quorum_id=quorum_id)
+        except Exception as exc:
+            raise CollectiveError(f"cell {self.cell_id}: quorum {quorum_id} not formed") from exc
+        self._group, self._group_world = group, (quorum_id, rank, world_size)
+
+    def _drop_group(self) -> None:
+        if self._group is not None:
+            try:
+                self._group.abort(errored=False)
+            except Exception:  # noqa: BLE001 - a broken group is being discarded anyway
+                logger.debug("aborting the old group failed", exc_info=True)
+        self._group = None
+
+    def _average_gradients(self) -> None:
+        world_size = self._group_world[2]
+        if self._group is None or world_size == 1:
+            return
+        from torch.distributed import AllreduceOptions, ReduceOp
+
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._parameters]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        options = AllreduceOptions()
+        options.reduceOp = ReduceOp.SUM
+        try:
+            self._group.allreduce([flat], options).wait()
+        except Exception as exc:
+            self._drop_group()
+            raise CollectiveError(
+                f"cell {self.cell_id}: gradient all-reduce failed in quorum {self._group_world[0]}"
+            ) from exc
+        flat /= world_size
+        offset = 0
+        for parameter in self._parameters:
+            count = parameter.numel()
+            parameter.grad = flat[offset:offset + count].view_as(parameter).clone()
+            offset += count
+
+    # ---------------------------------------------------------------------------- training
+
+    def train_step(self, groups: Sequence[Group | Sequence[Sample]]) -> dict[str, float]:
+        """One GRPO step on ``groups`` (the samples of each prompt), averaged across the group.
+
+        Every member of the gradient group must call it once per step. On failure the weights
+        and optimizer are unchanged.
+
+        Raises:
+            ValueError: the batch has no trainable sample.
+            CollectiveError: averaging failed (a peer died or timed out); the cell leaves its
+                group and the control plane must call :meth:`configure_group` again.
+        """
+        started = time.perf_counter()
+        sample_groups = [g.samples if isinstance(g, Group) else list(g) for g in groups]
+        batch = build_train_batch(sample_groups, TOKENIZER.pad_id, self.grpo.advantage_eps)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, metrics = grpo_loss(self.model, batch, self.grpo)
+        loss.backward()
+        self._average_gradients()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters, self.max_grad_norm)
+        self.optimizer.step()
+        self.train_step_count += 1
+        versions = [v for g in sample_groups for s in g for v in s.weight_versions]
+        metrics.update({
+            "train_step": float(self.train_step_count),
+            "grad_norm": float(grad_norm),
+            "world_size": float(self._group_world[2]),
+            "oldest_sample_version": float(min(versions)) if versions else -1.0,
+            "step_seconds": time.perf_counter() - started,
+        })
+        return metrics
+
+    # ---------------------------------------------------------------------------- publishing
+
+    def _ledger(self, ledger_url: str) -> Ledger:
+        if ledger_url not in self._ledgers:
+            self._ledgers[ledger_url] = Ledger.open(ledger_url)
+        return self._ledgers[ledger_url]
+
+    def _key(self, run_id: str, what: str, epoch: int) -> str:
+        return f"{run_id}:{what}:{self.cell_id}:e{epoch}:s{self.train_step_count}"
+
+    def begin_update(self, engines: Sequence[Any], epoch: int, ledger_url: str,
+                     run_id: str) -> None:
+        """Steps 1-2: record ``weight_update_started`` (fenced), then pause every engine.
+
+        Precondition: this cell is the publisher at ``epoch``. A retry is safe (idempotent
+        event; pausing twice is harmless).
+
+        Raises:
+            ledger.FencedError: not the publisher at ``epoch``; nothing written, no engine
+                touched.
+            StaleEpochError: an engine has seen a newer epoch (this cell is a zombie).
+        """
+        self._ledger(ledger_url).append(
+            run_id, "weight_update_started",
+            {"train_step": self.train_step_count, "transport": self.transport},
+            cell_id=self.cell_id, epoch=epoch,
+            idempotency_key=self._key(run_id, "update_started", epoch),
+        )
+        begin_engine_update(engines, epoch)
+
+    def transfer(self, engines: Sequence[Any], epoch: int) -> str:
+        """Step 3: move this cell's weights (per its transport) into every paused engine.
+
+        Returns the checksum of the transferred tensors, remembered for :meth:`commit`. Engines
+        keep their version label. A retry re-sends the same tensors.
+
+        Raises:
+            StaleEpochError, TransferError, EngineStateError: see
+                :func:`actors.weight_sync.transfer_weights`; nothing may be committed.
+        """
+        checksum = transfer_weights(engines, collect_weights(self.model, self.transport),
+                                    epoch, self.transport)
+        self._pending_checksum = checksum
+        return checksum
+
+    def commit(self, ledger_url: str, run_id: str, epoch: int,
+               checksum: str | None = None) -> int:
+        """Step 4: ``commit_weights`` and return the version (ledger head + 1).
+
+        Idempotent per (cell, epoch, train step, checksum): a retry after an unknown outcome
+        returns the same version.
+
+        Raises:
+            ledger.FencedError: not the publisher at ``epoch``; nothing written.
+            ValueError: no transfer to commit.
+        """
+        checksum = checksum or self._pending_checksum
+        if checksum is None:
+            raise ValueError("nothing transferred: call transfer() before commit()")
+        version = self._ledger(ledger_url).commit_weights(
+            run_id, cell_id=self.cell_id, epoch=epoch, train_step=self.train_step_count,
+            transport=self.transport,
+            adapter=f"lora-r{self.policy_config.lora_rank}" if self.transport == "lora" else None,
+            checksum=checksum,
+            idempotency_key=self._key(run_id, f"commit:{checksum[:16]}", epoch),
+        )
+        self.weight_version = version
+        self._pending_checksum = None
+        return version
+
+    def finalize(self, engines: Sequence[Any], version: int, epoch: int, ledger_url: str,
+                 run_id: str, rollout_manager: Any = None) -> list[str]:
+        """Steps 5-6: stamp and resume every engine, record ``engines_stamped``, push the
+        version to the RolloutManager. Returns the ids of the stamped engines.
+
+        Engines that fail (dead) are left out of the event and logged; the version stays
+        committed either way. A failed push to the manager is logged, not raised: the manager
+        also reads the ledger head.
+
+        Raises:
+            StaleEpochError: an engine has seen a newer epoch.
+            ledger.FencedError: a newer publisher was promoted meanwhile (engines are stamped,
+                the event is not written; the audit shows the version as unstamped).
+        """
+        report = finalize_and_resume_engines(engines, version, epoch)
+        if report.failed:
+            logger.warning("cell %s: engines not stamped with v%d: %s", self.cell_id, version,
+                           report.failed)
+        self._ledger(ledger_url).append(
+            run_id, "engines_stamped",
+            {"version": version, "engine_ids": report.stamped_engine_ids},
+            cell_id=self.cell_id, epoch=epoch,
+            idempotency_key=f"{run_id}:engines_stamped:v{version}:{self.cell_id}:e{epoch}",
+        )
+        if rollout_manager is not None:
+            self._push_version(rollout_manager, version)
+        return report.stamped_engine_ids
+
+    def _push_version(self, rollout_manager: Any, version: int) -> None:
+        try:
+            if isinstance(rollout_manager, ActorHandle):
+                ray.get(rollout_manager.set_weight_version.remote(version), timeout=30)
+            else:
+                rollout_manager.set_weight_version(version)
+        except Exception:  # noqa: BLE001 - the manager also reads the ledger head
+            logger.warning("cell %s: push of v%d to the rollout manager failed", self.cell_id,
+                           version, exc_info=True)
+
+    def update_weights(self, engines: Sequence[Any], epoch: int, ledger_url: str, run_id: str,
+                       rollout_manager: Any = None) -> int:
+        """Publish this cell's weights as the next version (DESIGN section 5); returns it.
+
+        Precondition: this cell is the publisher at ``epoch``. Runs :meth:`begin_update`,
+        :meth:`transfer`, :meth:`commit`, :meth:`finalize`. If the transfer fails, a
+        ``weight_update_aborted`` is recorded (best effort) and the engines stay paused for the
+        next attempt. Retrying the whole call is safe (every event is idempotent).
+
+        Raises:
+            ledger.FencedError: this cell was superseded; nothing more is written.
+            StaleEpochError: an engine has seen a newer epoch.
+            TransferError, EngineStateError: the transfer failed; nothing committed.
+        """
+        self.begin_update(engines, epoch, ledger_url, run_id)
+        try:
+            checksum = self.transfer(engines, epoch)
+        except Exception as exc:
+            self._record_abort(ledger_url, run_id, epoch, f"{type(exc).__name__}: {exc}")
+            raise
+        version = self.commit(ledger_url, run_id, epoch, checksum)
+        self.finalize(engines, version, epoch, ledger_url, run_id, rollout_manager)
+        return version
+
+    def _record_abort(self, ledger_url: str, run_id: str, epoch: int, reason: str) -> None:
+        try:
+            self._ledger(ledger_url).append(
+                run_id, "weight_update_aborted",
+                {"train_step": self.train_step_count, "transport": self.transport,
+                 "reason": reason[:500]},
+                cell_id=self.cell_id, epoch=epoch,
+                idempotency_key=self._key(run_id, "update_aborted", epoch),
+            )
+        except Exception:  # noqa: BLE001 - the original error is what the caller needs
+            logger.warning("cell %s: could not record the aborted update", self.cell_id,
+                           exc_info=True)
+
+    # ---------------------------------------------------------------------------- state
+
+    def get_state(self) -> dict[str, Any]:
+        """Weights, optimizer state, train step and weight version (to heal another cell)."""
+        return {
+            "backend": self.backend,
+            "policy_config": self.policy_config.to_dict(),
+            "model": {k: v.clone() for k, v in tensor_state_dict(self.model).items()},
+            "optimizer": self.optimizer.state_dict(),
+            "train_step": self.train_step_count,
+            "weight_version": self.weight_version,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Adopt another cell's :meth:`get_state` (healing). Checks everything first.
+
+        Raises:
+            PolicyError: the weights do not fit this cell's model; nothing changed.
+            ValueError: the optimizer state does not fit; weights may already be loaded, so
+                retry with a good state before training.
+        """
+        if PolicyConfig.from_value(state["policy_config"]) != self.policy_config:
+            raise ValueError("state comes from a cell with another policy config")
+        load_tensors(self.model, state["model"], adapters_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.train_step_count = int(state["train_step"])
+        self.weight_version = int(state["weight_version"])
+
+    def weights_checksum(self, adapters_only: bool = False) -> str:
+        """sha256 of the cell's tensors (all, or LoRA adapters only) in name order."""
+        tensors = tensor_state_dict(self.model)
+        if adapters_only:
+            tensors = {k: v for k, v in tensors.items() if k.endswith((".lora_a", ".lora_b"))}
+        return tensors_checksum(tensors)
+
+    def save_checkpoint(self, path: str, ledger_url: str | None = None, run_id: str | None = None,
+                        epoch: int | None = None) -> dict[str, Any]:
+        """Write weights + optimizer state to ``path`` (atomically: temp file, then rename).
+
+        With ``ledger_url``, ``run_id`` and ``epoch``, also appends ``checkpoint_saved``
+        (fenced: only the publisher at ``epoch``), after the file is complete. Returns the
+        checkpoint's summary ``{"train_step", "version", "path"}``.
+
+        Raises:
+            ledger.FencedError: not the publisher; the file is written, the event is not.
+            OSError: the file could not be written.
+        """
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(target.name + f".tmp-{os.getpid()}")
+        torch.save(self.get_state(), temporary)
+        os.replace(temporary, target)
+        summary = {"train_step": self.train_step_count, "version": self.weight_version,
+                   "path": str(target)}
+        if ledger_url is not None and run_id is not None and epoch is not None:
+            self._ledger(ledger_url).append(
+                run_id, "checkpoint_saved", summary, cell_id=self.cell_id, epoch=epoch,
+                idempotency_key=self._key(run_id, f"checkpoint:{target}", epoch),
+            )
+        return summary
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        """Restore weights, optimizer state, train step and version from ``path``.
+
+        Raises:
+            OSError: unreadable file. PolicyError, ValueError: see :meth:`set_state`.
+        """
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        self.set_state(state)
+        return {"train_step": self.train_step_count, "version": self.weight_version,
+                "path": str(path)}
+
+    def close(self) -> None:
+        """Leave the gradient group and close ledger connections."""
+        self._drop_group()
+        for ledger in self._ledgers.values():
+            ledger.close()
+        self._ledgers.clear()

@@ -1,0 +1,197 @@
+"""Moving weights from the publisher cell to the rollout engines, and stamping them.
+
+Two transports:
+
+- ``full``: every tensor of the policy. One ``ray.put`` of the whole dict is shared by every
+  engine (each engine reads the same object from the object store).
+- ``lora``: only the LoRA adapter tensors (``...lora_a`` / ``...lora_b``); the engines' frozen
+  base is never touched.
+
+Whatever the transport, an update ends in the ONE :func:`finalize_and_resume_engines`, which
+stamps every engine with the committed version and then resumes it. There is deliberately no
+transport-specific finalize: a LoRA path that skipped the stamp (the review finding in miles
+PR #2244) would leave engines serving new adapters under an old label.
+
+``engines`` may be Ray actor handles (calls go out in parallel) or plain
+:class:`~actors.rollout_engine.RolloutEngine` objects (called in order; used by in-process
+tests and tools).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import torch
+from ray.actor import ActorHandle
+from ray.exceptions import RayTaskError
+from torch import nn
+
+from actors.errors import StaleEpochError, TransferError
+from actors.policy import adapter_state_dict, tensor_state_dict
+
+__all__ = [
+    "TRANSPORTS",
+    "FinalizeReport",
+    "begin_engine_update",
+    "collect_weights",
+    "finalize_and_resume_engines",
+    "tensors_checksum",
+    "transfer_weights",
+]
+
+TRANSPORTS: tuple[str, ...] = ("full", "lora")
+
+
+def tensors_checksum(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over (name, dtype, shape, bytes) of every tensor, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def collect_weights(model: nn.Module, transport: str) -> dict[str, torch.Tensor]:
+    """A detached copy of what ``transport`` moves (all tensors, or adapter tensors only).
+
+    Raises:
+        ValueError: unknown transport.
+        PolicyError: ``lora`` on a model without adapters.
+    """
+    if transport == "full":
+        tensors = tensor_state_dict(model)
+    elif transport == "lora":
+        tensors = adapter_state_dict(model)
+    else:
+        raise ValueError(f"unknown transport {transport!r}; expected one of {TRANSPORTS}")
+    return {name: tensor.clone() for name, tensor in tensors.items()}
+
+
+# ------------------------------------------------------------------------------ engine calls
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    if isinstance(exc, RayTaskError) and getattr(exc, "cause", None) is not None:
+        return exc.cause  # type: ignore[return-value]
+    return exc
+
+
+def _call_all(engines: Sequence[Any], method: str, *args: Any) -> list[Any]:
+    """Call ``method`` on every engine; the result or the (unwrapped) exception per engine."""
+    pending: list[tuple[bool, Any]] = []
+    for engine in engines:
+        if isinstance(engine, ActorHandle):
+            pending.append((True, getattr(engine, method).remote(*args)))
+            continue
+        try:
+            pending.append((False, getattr(engine, method)(*args)))
+        except Exception as exc:  # noqa: BLE001 - reported per engine to the caller
+            pending.append((False, exc))
+    results: list[Any] = []
+    for is_ref, value in pending:
+        if not is_ref:
+            results.append(value)
+            continue
+        try:
+            results.append(ray.get(value))
+        except Exception as exc:  # noqa: BLE001 - a dead engine is reported, not fatal here
+            results.append(_unwrap(exc))
+    return results
+
+
+def _raise_first(results: Sequence[Any]) -> None:
+    """Raise a StaleEpochError if any (the caller is fenced), else the first other error."""
+    errors = [r for r in results if isinstance(r, BaseException)]
+    for error in errors:
+        if isinstance(error, StaleEpochError):
+            raise error
+    if errors:
+        raise errors[0]
+
+
+def begin_engine_update(engines: Sequence[Any], epoch: int) -> list[dict[str, Any]]:
+    """Step 2: every engine adopts ``epoch``, pauses and drains. Returns their health.
+
+    Raises:
+        StaleEpochError: an engine has seen a newer epoch (the caller is a zombie publisher);
+            engines that accepted stay paused until the newer publisher resumes them.
+        ray.exceptions.RayActorError: an engine died.
+    """
+    results = _call_all(engines, "begin_update", epoch)
+    _raise_first(results)
+    return results
+
+
+def transfer_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor], epoch: int,
+                     transport: str) -> str:
+    """Step 3: load ``tensors`` into every (paused) engine; returns their checksum.
+
+    With actor handles, the tensors are put in the object store once and every engine reads
+    that one object. Each engine returns the checksum of what it received; they must all equal
+    the sender's.
+
+    Raises:
+        StaleEpochError: an engine has seen a newer epoch.
+        TransferError: an engine received something else than was sent.
+        EngineStateError, PolicyError: an engine was not paused, or the tensors do not match
+            its model (nothing loaded in that engine).
+        ray.exceptions.RayActorError: an engine died.
+    """
+    checksum = tensors_checksum(tensors)
+    payload: Any = tensors
+    if any(isinstance(engine, ActorHandle) for engine in engines):
+        payload = ray.put(tensors)  # one copy in the object store, shared by every engine
+    results = _call_all(engines, "load_weights", payload, epoch, transport)
+    _raise_first(results)
+    mismatched = [i for i, received in enumerate(results) if received != checksum]
+    if mismatched:
+        raise TransferError(f"engines {mismatched} received weights with another checksum")
+    return checksum
+
+
+@dataclass
+class FinalizeReport:
+    """Which engines were stamped and resumed, and which failed (engine index -> error)."""
+
+    version: int
+    stamped_engine_ids: list[str] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+
+
+def finalize_and_resume_engines(engines: Sequence[Any], version: int,
+                                epoch: int) -> FinalizeReport:
+    """Step 5, for every transport: stamp every engine with ``version``, then resume it.
+
+    Precondition: ``version`` was committed by the ledger for the caller's cell at ``epoch``,
+    and the engines hold the weights of that commit. Every engine is attempted: one dead
+    engine does not keep the others paused. Only engines that accepted the stamp are resumed,
+    so no engine serves new weights under an old label.
+
+    Raises:
+        StaleEpochError: an engine has seen a newer epoch (the caller is fenced; engines that
+            were stamped are still resumed by the newer publisher, not here).
+    """
+    results = _call_all(engines, "update_weight_version", version, epoch)
+    for result in results:
+        if isinstance(result, StaleEpochError):
+            raise result
+    report = FinalizeReport(version=version)
+    stamped: list[int] = []
+    for index, result in enumerate(results):
+        if isinstance(result, BaseException):
+            report.failed[index] = f"{type(result).__name__}: {result}"
+        else:
+            report.stamped_engine_ids.append(str(result))
+            stamped.append(index)
+    resumed = _call_all([engines[i] for i in stamped], "continue_generation", epoch)
+    for index, result in zip(stamped, resumed):
+        if isinstance(result, StaleEpochError):
+            raise result
+        if isinstance(result, BaseException):
+            report.failed[index] = f"resume: {type(result).__name__}: {result}"
+    return report
