@@ -131,6 +131,7 @@ def draw(timeline: Timeline, histogram: Histogram | None, out: Path, title: str)
     """Render the PNG (Agg canvas; matplotlib imported here, not at module import)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     state = timeline.state
     panels = 2 if histogram is not None and histogram.found else 1
@@ -168,6 +169,7 @@ def draw(timeline: Timeline, histogram: Histogram | None, out: Path, title: str)
             "o", markerfacecolor="none", markeredgecolor="tab:red", markersize=9,
             label="committed, not stamped",
         )
+    top.yaxis.set_major_locator(MaxNLocator(integer=True))
     top.set_xlabel("seconds since run_started")
     top.set_ylabel("weight version")
     top.set_title(title)
@@ -180,6 +182,8 @@ def draw(timeline: Timeline, histogram: Histogram | None, out: Path, title: str)
             lags, [histogram.counts[lag] for lag in lags],
             color=["tab:red" if lag < 0 else "tab:green" for lag in lags],
         )
+        bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+        bottom.yaxis.set_major_locator(MaxNLocator(integer=True))
         bottom.set_xlabel("staleness (head version - oldest sample version)")
         bottom.set_ylabel("groups trained")
         bottom.set_title(f"staleness histogram ({histogram.path.name}, {histogram.lines} lines)")

@@ -351,7 +351,14 @@ def print_plot(answer: dict[str, Any], output: str, out: TextIO) -> None:
         else "no staleness histogram (no metrics file)" if metrics is None
         else f"no staleness histogram in {metrics}"
     )
-    out.write(
-        f"wrote {answer['file']}: {answer['commits']} commits, {answer['promotions']} "
-        f"promotions, {answer['aborted']} aborted updates; {histogram}\n"
+    counts = ", ".join(
+        _count(answer[key], noun)
+        for key, noun in (
+            ("commits", "commit"), ("promotions", "promotion"), ("aborted", "aborted update"),
+        )
     )
+    out.write(f"wrote {answer['file']}: {counts}; {histogram}\n")
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"

@@ -1,0 +1,99 @@
+"""Golden output of every `ledger` subcommand, in table and json form.
+
+The scenario (tests/cli_scenario.py) runs with a frozen clock and explicit idempotency keys, so
+timestamps and hashes are the same on every machine; COLUMNS=120 fixes the table width; the
+temporary directory is replaced by ``<TMP>``. Regenerate after an intended change with
+``UPDATE_GOLDEN=1 pytest tests/test_ledger_cli_golden.py`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import ledger.store
+from ledger import Ledger
+from ledger.cli import app
+from tests.cli_scenario import build_run, frozen_clock
+
+GOLDEN = Path(__file__).parent / "golden" / "cli"
+
+CASES: dict[str, list[str]] = {
+    "runs": ["runs"],
+    "runs.json": ["runs", "-o", "json"],
+    "status": ["status"],
+    "status.json": ["status", "-o", "json"],
+    "log": ["log"],
+    "log.json": ["log", "-o", "json", "-r", "12:14"],
+    "log.jsonl": ["log", "-o", "jsonl", "-r", "-3"],
+    "log_filtered": ["log", "-r", "5:head", "--kind", "weight_committed", "--cell", "c1"],
+    "show_version": ["show", "3"],
+    "show_version.json": ["show", "3", "-o", "json"],
+    "show_seq": ["show", "--seq", "12"],
+    "show_seq.json": ["show", "--seq", "12", "-o", "json"],
+    "verify": ["verify"],
+    "verify.json": ["verify", "-o", "json"],
+    "verify_all_runs": ["verify", "--all-runs"],
+    "verify_all_runs.json": ["verify", "--all-runs", "-o", "json"],
+    "verify_problems": ["verify", "--db", "<TMP>/tampered.db"],
+    "verify_problems.json": ["verify", "--db", "<TMP>/tampered.db", "-o", "json"],
+    "cells": ["cells"],
+    "cells.json": ["cells", "-o", "json"],
+    "lag": ["lag"],
+    "lag.json": ["lag", "-o", "json"],
+    "export.jsonl": ["export", "--format", "jsonl"],
+    "export.csv": ["export", "--format", "csv"],
+    "plot": ["plot", "-o", "<TMP>/run.png"],
+    "plot.json": ["plot", "-o", "<TMP>/run.png", "--format", "json"],
+    "db_current": ["db", "current"],
+    "db_current.json": ["db", "current", "-o", "json"],
+    "db_upgrade": ["db", "upgrade"],
+    "db_upgrade.json": ["db", "upgrade", "-o", "json"],
+}
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The scenario run in ``<TMP>/ledger.db``, with its metrics beside it."""
+    base = tmp_path_factory.mktemp("golden")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ledger.store, "_utcnow", frozen_clock())
+        with Ledger.open(f"sqlite:///{base / 'ledger.db'}") as writer:
+            build_run(writer)
+    lines = [
+        {"step": 1, "rollout/fully_async/staleness_hist": {"0": 6, "1": 2}},
+        {"step": 2, "rollout/fully_async/staleness_hist": {"0": 3, "1": 4, "2": 1}},
+    ]
+    (base / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    shutil.copy(base / "ledger.db", base / "tampered.db")
+    with sqlite3.connect(base / "tampered.db") as conn:  # a gap and a rewritten train_step
+        conn.execute("DELETE FROM ledger_events WHERE seq = 10")
+        conn.execute(
+            "UPDATE ledger_events SET payload = json_set(payload, '$.train_step', 7) WHERE seq = 16"
+        )
+    return base
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_golden_output(scenario: Path, name: str):
+    args = [arg.replace("<TMP>", str(scenario)) for arg in CASES[name]]
+    result = CliRunner().invoke(
+        app, ["--db", f"sqlite:///{scenario / 'ledger.db'}", *args],
+        env={"COLUMNS": "120", "LEDGER_DB": None},
+    )
+    assert result.exit_code == (1 if name.startswith("verify_problems") else 0), result.output
+    assert result.stderr == ""
+    output = result.stdout.replace(str(scenario), "<TMP>")
+    if name.endswith(".json"):
+        json.loads(output)  # one well-formed document
+    golden = GOLDEN / f"{name}.txt"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(output)
+    assert output == golden.read_text()
