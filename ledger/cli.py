@@ -155,9 +155,8 @@ def log(
     ] = StreamOutput.table,
 ) -> None:
     """Events, one stable line each: SEQ HASH TIME KIND key=value..."""
-    url, run_id = _target(ctx, db, run)
     with _errors(), query.log(
-        url, run_id, seq_range, kinds=kind, cells=cell, since=since, until=until
+        *_target(ctx, db, run), seq_range, kinds=kind, cells=cell, since=since, until=until
     ) as answer:
         render.print_events(
             answer.header, answer.events, output.value, sys.stdout,
@@ -232,8 +231,7 @@ def export(
     run: RunOption = None,
 ) -> None:
     """Every event of the run to stdout, as JSON lines or CSV."""
-    url, run_id = _target(ctx, db, run)
-    with _errors(), query.log(url, run_id) as answer:
+    with _errors(), query.log(*_target(ctx, db, run)) as answer:
         render.print_events(answer.header, answer.events, export_format.value, sys.stdout)
 
 

@@ -71,6 +71,12 @@ def test_read_only_commands_leave_a_missing_path_missing(tmp_path: Path, command
     assert not missing.exists() and not missing.parent.exists()
 
 
+@pytest.mark.parametrize("command", [*READ_ONLY_COMMANDS, ["plot", "-o", "x.png"]], ids=" ".join)
+def test_every_command_without_a_database_says_how_to_name_one(command: list[str]):
+    result = invoke(*command)
+    assert_one_line_error(result, "no database: pass --db URL")
+
+
 def _empty_file(url: str) -> str:
     Path(sa.make_url(url).database).with_name("empty.db").touch()
     return url.replace("ledger.db", "empty.db")
@@ -420,22 +426,28 @@ _TOKENS = [
 ]
 
 
+_COMMANDS = [[], *([c] for c in _TOKENS[:9]), ["db"], ["db", "current"]]
+
+
 @settings(
-    max_examples=80, deadline=None,
+    max_examples=150, deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
     prefix=st.sampled_from(["good", "missing", "none"]),
-    tokens=st.lists(st.one_of(st.sampled_from(_TOKENS), st.text(max_size=8)), max_size=7),
+    command=st.sampled_from(_COMMANDS),
+    tokens=st.lists(st.one_of(st.sampled_from(_TOKENS), st.text(max_size=8)), max_size=6),
 )
-def test_no_argument_list_produces_a_traceback(fuzz_ledger, prefix: str, tokens: list[str]):
+def test_no_argument_list_produces_a_traceback(
+    fuzz_ledger, prefix: str, command: list[str], tokens: list[str]
+):
     url, base = fuzz_ledger
     head = {"good": ["--db", url], "missing": ["--db", "sqlite:///nowhere/x.db"], "none": []}
     with contextlib.chdir(base):  # plot -o/-metrics and relative paths land here
-        result = CliRunner().invoke(app, head[prefix] + tokens, env=ENV)
-    assert result.exit_code in (0, 1, 2), (tokens, result.output)
+        result = CliRunner().invoke(app, head[prefix] + command + tokens, env=ENV)
+    assert result.exit_code in (0, 1, 2), (command, tokens, result.output)
     assert "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), (
-        tokens, repr(result.exception),
+        command, tokens, repr(result.exception),
     )
     assert not (base / "nowhere").exists()
