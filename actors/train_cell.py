@@ -29,6 +29,7 @@ unstamped version, which the audit reports; the next commit is still head + 1.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import time
@@ -377,7 +378,8 @@ class TrainCell:
             "backend": self.backend,
             "policy_config": self.policy_config.to_dict(),
             "model": {k: v.clone() for k, v in tensor_state_dict(self.model).items()},
-            "optimizer": self.optimizer.state_dict(),
+            # A deep copy: optimizer state tensors are live and updated in place.
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "train_step": self.train_step_count,
             "weight_version": self.weight_version,
         }
@@ -393,7 +395,8 @@ class TrainCell:
         if PolicyConfig.from_value(state["policy_config"]) != self.policy_config:
             raise ValueError("state comes from a cell with another policy config")
         load_tensors(self.model, state["model"], adapters_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        # load_state_dict may keep the given tensors (same dtype/device): never share them.
+        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         self.train_step_count = int(state["train_step"])
         self.weight_version = int(state["weight_version"])
 

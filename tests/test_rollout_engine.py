@@ -1,0 +1,129 @@
+"""RolloutEngine: sampling, version labels, pause/abort, and the epoch fence (on real Ray)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import ray
+
+from actors.errors import EngineStateError, StaleEpochError
+from actors.policy import PolicyConfig, build_policy
+from actors.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
+from actors.task import TOKENIZER, AdditionTask
+from actors.weight_sync import collect_weights
+from orchestrator.types import SampleStatus
+
+CONFIG = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
+# A long context and answer budget so a generate call lasts long enough to be interrupted.
+LONG_CONFIG = PolicyConfig(vocab_size=TOKENIZER.vocab_size, max_sequence_length=96)
+LONG_SAMPLING = {"max_new_tokens": 90}
+TASK = AdditionTask(seed=0)
+
+
+def _wait_until(predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.005)
+
+
+def test_generate_returns_stamped_scored_samples() -> None:
+    engine = RolloutEngine("engine-0", "torch", CONFIG, seed=0, task=TASK)
+    prompt = TASK.make_prompt(3)
+
+    samples = engine.generate(prompt, n_samples=6, group_index=11)
+
+    assert len(samples) == 6
+    for sample in samples:
+        assert sample.weight_versions == [0]
+        assert sample.group_index == 11
+        assert sample.prompt_tokens == list(prompt.tokens)
+        assert 1 <= len(sample.response_tokens) <= engine.sampling.max_new_tokens
+        assert len(sample.rollout_log_probs) == len(sample.response_tokens)
+        assert all(lp <= 0.0 for lp in sample.rollout_log_probs)
+        assert sample.reward == TASK.reward(prompt, sample.response_tokens)
+        finished = sample.response_tokens[-1] == TOKENIZER.eos_id
+        assert sample.status is (SampleStatus.COMPLETED if finished else SampleStatus.TRUNCATED)
+
+
+def test_pause_aborts_in_flight_call_and_holds_new_ones() -> None:
+    engine = RolloutEngine("engine-0", "torch", LONG_CONFIG, seed=0, task=TASK,
+                           sampling=LONG_SAMPLING, paused_wait_timeout_s=0.2)
+    results: list = []
+    worker = threading.Thread(
+        target=lambda: results.append(engine.generate(TASK.make_prompt(0), 64, 0))
+    )
+    worker.start()
+    _wait_until(lambda: engine.health()["in_flight"] == 1)
+
+    aborted = engine.pause()
+    worker.join(timeout=10)
+    held = engine.generate(TASK.make_prompt(1), 2, 1)  # waits 0.2 s, then comes back aborted
+
+    assert aborted == 1
+    assert any(s.status is SampleStatus.ABORTED for s in results[0])
+    assert all(s.weight_versions == [0] for s in results[0])
+    assert all(s.status is SampleStatus.ABORTED for s in held)
+    assert engine.health()["paused"] and engine.health()["in_flight"] == 0
+    engine.continue_generation()
+    assert all(s.status is not SampleStatus.ABORTED for s in engine.generate(TASK.make_prompt(1), 2, 1))
+
+
+def test_weights_need_a_paused_engine() -> None:
+    engine = RolloutEngine("engine-0", "torch", CONFIG, seed=0, task=TASK)
+    weights = collect_weights(build_policy("torch", CONFIG, seed=1), "full")
+
+    with pytest.raises(EngineStateError):
+        engine.load_weights(weights, epoch=1)
+
+
+@pytest.mark.ray
+def test_engine_refuses_weights_and_stamps_from_a_lower_epoch(ray_cluster) -> None:
+    Engine = ray.remote(**ROLLOUT_ENGINE_ACTOR_OPTIONS)(RolloutEngine)
+    engine = Engine.remote("engine-0", "torch", CONFIG, 0, TASK)
+    new_weights = collect_weights(build_policy("torch", CONFIG, seed=1), "full")
+    ray.get(engine.begin_update.remote(2))
+    ray.get(engine.update_weight_version.remote(4, 2))
+    before = ray.get(engine.health.remote())
+    checksum_before = ray.get(engine.weights_checksum.remote())
+
+    refused = []
+    for call in (
+        lambda: engine.begin_update.remote(1),
+        lambda: engine.load_weights.remote(new_weights, 1, "full"),
+        lambda: engine.update_weight_version.remote(9, 1),
+        lambda: engine.continue_generation.remote(1),
+    ):
+        with pytest.raises(StaleEpochError) as raised:
+            ray.get(call())
+        refused.append(raised.value)
+
+    after = ray.get(engine.health.remote())
+    assert [e.operation for e in refused] == [
+        "begin_update", "load_weights", "update_weight_version", "continue_generation"
+    ]
+    assert all(e.epoch == 1 and e.highest_epoch == 2 for e in refused)
+    assert ray.get(engine.weights_checksum.remote()) == checksum_before
+    assert (after["version"], after["epoch"], after["paused"], after["weight_loads"]) == (
+        before["version"], before["epoch"], before["paused"], before["weight_loads"]
+    ) == (4, 2, True, 0)
+    ray.kill(engine)
+
+
+@pytest.mark.ray
+def test_pause_reaches_an_actor_while_it_generates(ray_cluster) -> None:
+    Engine = ray.remote(**ROLLOUT_ENGINE_ACTOR_OPTIONS)(RolloutEngine)
+    engine = Engine.remote("engine-0", "torch", LONG_CONFIG, 0, TASK, LONG_SAMPLING)
+    ray.get(engine.health.remote())
+
+    pending = engine.generate.remote(TASK.make_prompt(0), 64, 0)
+    _wait_until(lambda: ray.get(engine.health.remote())["in_flight"] == 1)
+    ray.get(engine.begin_update.remote(1))
+    samples = ray.get(pending, timeout=30)
+
+    assert any(s.status is SampleStatus.ABORTED for s in samples)
+    assert ray.get(engine.health.remote())["paused"]
+    ray.kill(engine)

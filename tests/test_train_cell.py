@@ -1,0 +1,191 @@
+"""TrainCell: publisher deaths at the two critical points of DESIGN section 5, gradient
+averaging across cells, healing state and checkpoints.
+
+Fault schedule (declared up front; each test asserts the kill really happened):
+- ``kill(cell-0, after="transfer", before="commit")``
+- ``kill(cell-0, after="commit", before="finalize")``
+The kill is a real SIGKILL of the cell's worker process, sent from the test.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import ray
+from ray.exceptions import RayActorError
+
+from actors.errors import CollectiveError
+from actors.policy import PolicyConfig
+from actors.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
+from actors.task import TOKENIZER, AdditionTask
+from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell, create_rendezvous_store
+from ledger import FencedError, Ledger
+
+TASK = AdditionTask(seed=0)
+CONFIG = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
+RUN = "cells"
+
+
+def _batch(engine, start: int, prompts: int = 8):
+    if isinstance(engine, RolloutEngine):
+        return [engine.generate(TASK.make_prompt(i), 8, i) for i in range(start, start + prompts)]
+    return ray.get([engine.generate.remote(TASK.make_prompt(i), 8, i)
+                    for i in range(start, start + prompts)])
+
+
+def _kill(actor) -> None:
+    """SIGKILL the actor's worker process and wait until Ray reports it dead."""
+    os.kill(ray.get(actor.pid.remote()), signal.SIGKILL)
+    with pytest.raises(RayActorError):
+        ray.get(actor.pid.remote(), timeout=30)
+
+
+@pytest.fixture
+def publisher_setup(ray_cluster, sqlite_url: str):
+    """Two cells (cell-0 trained one step, so its weights are new), two engines, a ledger
+    with cell-0 promoted."""
+    Engine = ray.remote(**ROLLOUT_ENGINE_ACTOR_OPTIONS)(RolloutEngine)
+    Cell = ray.remote(**TRAIN_CELL_ACTOR_OPTIONS)(TrainCell)
+    engines = [Engine.remote(f"engine-{i}", "torch", CONFIG, 0, TASK) for i in range(2)]
+    cells = [Cell.remote(f"cell-{i}", "torch", CONFIG, 0) for i in range(2)]
+    ray.get(cells[0].train_step.remote(_batch(engines[0], 0)))
+    ledger = Ledger.open(sqlite_url)
+    ledger.start_run(RUN)
+    epoch = ledger.promote(RUN, "cell-0", reason="start")
+    yield ledger, epoch, cells, engines
+    for actor in (*cells, *engines):
+        ray.kill(actor)
+    ledger.close()
+
+
+@pytest.mark.ray
+def test_publisher_killed_after_transfer_before_commit(publisher_setup, sqlite_url: str) -> None:
+    ledger, epoch, cells, engines = publisher_setup
+    initial = ray.get(engines[0].weights_checksum.remote())
+    ray.get(cells[0].begin_update.remote(engines, epoch, sqlite_url, RUN))
+    transferred = ray.get(cells[0].transfer.remote(engines, epoch))
+
+    _kill(cells[0])
+
+    health = ray.get([e.health.remote() for e in engines])
+    assert transferred != initial
+    assert [(h["paused"], h["version"]) for h in health] == [(True, 0)] * 2  # paused, label old
+    assert ray.get([e.weights_checksum.remote() for e in engines]) == [transferred] * 2
+    assert ledger.head(RUN).version == 0
+    assert not any(e.kind == "weight_committed" for e in ledger.events(RUN))
+
+    next_epoch = ledger.promote(RUN, "cell-1", reason="failover", previous_cell="cell-0")
+    version = ray.get(cells[1].update_weights.remote(engines, next_epoch, sqlite_url, RUN))
+
+    survivor = ray.get(cells[1].weights_checksum.remote())
+    assert version == 1 == ledger.head(RUN).version
+    assert [(h["version"], h["epoch"], h["paused"]) for h in
+            ray.get([e.health.remote() for e in engines])] == [(1, next_epoch, False)] * 2
+    assert ray.get([e.weights_checksum.remote() for e in engines]) == [survivor] * 2
+    report = ledger.verify(RUN)
+    assert report.ok, report.problems
+    assert report.unstamped_versions == []
+
+
+@pytest.mark.ray
+def test_publisher_killed_after_commit_before_stamp(publisher_setup, sqlite_url: str) -> None:
+    ledger, epoch, cells, engines = publisher_setup
+    ray.get(cells[0].begin_update.remote(engines, epoch, sqlite_url, RUN))
+    checksum = ray.get(cells[0].transfer.remote(engines, epoch))
+    committed = ray.get(cells[0].commit.remote(sqlite_url, RUN, epoch, checksum))
+
+    _kill(cells[0])
+
+    report = ledger.verify(RUN)
+    assert committed == 1
+    assert report.ok, report.problems  # committed-but-unstamped is reported, not an error
+    assert report.unstamped_versions == [1]
+    assert [h["version"] for h in ray.get([e.health.remote() for e in engines])] == [0, 0]
+
+    next_epoch = ledger.promote(RUN, "cell-1", reason="failover", previous_cell="cell-0")
+    version = ray.get(cells[1].update_weights.remote(engines, next_epoch, sqlite_url, RUN))
+
+    report = ledger.verify(RUN)
+    assert version == committed + 1 == ledger.head(RUN).version
+    assert [h["version"] for h in ray.get([e.health.remote() for e in engines])] == [2, 2]
+    assert report.ok, report.problems
+    assert report.unstamped_versions == [1]
+
+
+@pytest.mark.ray
+def test_a_superseded_publisher_is_fenced_by_ledger_and_engines(publisher_setup,
+                                                                sqlite_url: str) -> None:
+    ledger, epoch, cells, engines = publisher_setup
+    newer = ledger.promote(RUN, "cell-1", reason="manual", previous_cell="cell-0")
+    ray.get(cells[1].update_weights.remote(engines, newer, sqlite_url, RUN))
+
+    with pytest.raises(FencedError):
+        ray.get(cells[0].update_weights.remote(engines, epoch, sqlite_url, RUN))
+
+    assert ledger.head(RUN).version == 1
+    assert [h["version"] for h in ray.get([e.health.remote() for e in engines])] == [1, 1]
+
+
+@pytest.mark.ray
+def test_alive_cells_average_gradients_and_regroup_after_a_death(ray_cluster) -> None:
+    Cell = ray.remote(**TRAIN_CELL_ACTOR_OPTIONS)(TrainCell)
+    cells = [Cell.remote(f"cell-{i}", "torch", CONFIG, 0, "full", 3e-3, None, 1.0, 5.0)
+             for i in range(2)]
+    engine = RolloutEngine("engine-0", "torch", CONFIG, 0, TASK)
+    store, address = create_rendezvous_store()
+    ray.get([cell.configure_group.remote(1, rank, 2, address) for rank, cell in enumerate(cells)])
+
+    metrics = ray.get([cells[0].train_step.remote(_batch(engine, 0)),
+                       cells[1].train_step.remote(_batch(engine, 100))])
+
+    checksums = ray.get([cell.weights_checksum.remote() for cell in cells])
+    assert [m["world_size"] for m in metrics] == [2.0, 2.0]
+    assert metrics[0]["loss"] != metrics[1]["loss"]  # different batches ...
+    assert checksums[0] == checksums[1]  # ... same averaged update
+
+    _kill(cells[1])
+    with pytest.raises(CollectiveError):
+        ray.get(cells[0].train_step.remote(_batch(engine, 200)))
+    ray.get(cells[0].configure_group.remote(2, 0, 1, address))
+    assert ray.get(cells[0].train_step.remote(_batch(engine, 300)))["world_size"] == 1.0
+    ray.kill(cells[0])
+    del store
+
+
+def test_set_state_heals_a_cell_with_weights_and_optimizer(tmp_path, sqlite_url: str) -> None:
+    engine = RolloutEngine("engine-0", "torch", CONFIG, 0, TASK)
+    healthy, healed = TrainCell("cell-0", "torch", CONFIG, 0), TrainCell("cell-1", "torch", CONFIG, 7)
+    for start in (0, 50):
+        healthy.train_step(_batch(engine, start))
+
+    healed.set_state(healthy.get_state())
+    batch = _batch(engine, 100)
+    healthy.train_step(batch)
+    healed.train_step(batch)
+
+    assert healed.weights_checksum() == healthy.weights_checksum()
+    assert healed.train_step_count == healthy.train_step_count == 3
+
+
+def test_checkpoint_round_trip_records_checkpoint_saved(tmp_path, sqlite_url: str) -> None:
+    engine = RolloutEngine("engine-0", "torch", CONFIG, 0, TASK)
+    cell = TrainCell("cell-0", "torch", CONFIG, 0)
+    ledger = Ledger.open(sqlite_url)
+    ledger.start_run(RUN)
+    epoch = ledger.promote(RUN, "cell-0", reason="start")
+    cell.train_step(_batch(engine, 0))
+    version = cell.update_weights([engine], epoch, sqlite_url, RUN)
+
+    summary = cell.save_checkpoint(str(tmp_path / "ckpt" / "step1.pt"), sqlite_url, RUN, epoch)
+    restored = TrainCell("cell-1", "torch", CONFIG, 3)
+    loaded = restored.load_checkpoint(summary["path"])
+
+    saved = [e for e in ledger.events(RUN) if e.kind == "checkpoint_saved"]
+    assert summary == loaded == {"train_step": 1, "version": version, "path": summary["path"]}
+    assert [e.payload["path"] for e in saved] == [summary["path"]]
+    assert restored.weights_checksum() == cell.weights_checksum()
+    assert ledger.verify(RUN).ok
+    cell.close()
+    ledger.close()
