@@ -128,6 +128,10 @@ class TrainCell:
         """The process id of this cell (tests kill it from outside)."""
         return os.getpid()
 
+    def progress(self) -> int:
+        """How many optimizer steps this cell has applied (compare cells after a failed step)."""
+        return self.train_step_count
+
     # ---------------------------------------------------------------------------- group
 
     def configure_group(self, quorum_id: int, rank: int, world_size: int,

@@ -69,7 +69,8 @@ def test_pause_aborts_in_flight_call_and_holds_new_ones() -> None:
     assert all(s.status is SampleStatus.ABORTED for s in held)
     assert engine.health()["paused"] and engine.health()["in_flight"] == 0
     engine.continue_generation()
-    assert all(s.status is not SampleStatus.ABORTED for s in engine.generate(TASK.make_prompt(1), 2, 1))
+    resumed = engine.generate(TASK.make_prompt(1), 2, 1)
+    assert all(s.status is not SampleStatus.ABORTED for s in resumed)
 
 
 def test_weights_need_a_paused_engine() -> None:
