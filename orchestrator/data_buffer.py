@@ -186,6 +186,7 @@ class DataBuffer:
         self._dropped: Counter[str] = Counter()
         self._negative_staleness_total = 0
         self._missing_version_total = 0
+        self._recycled_total = 0
         self._step = _StepStats()
 
     @classmethod
@@ -373,6 +374,7 @@ class DataBuffer:
         entry.state = PromptState.PENDING
         self._pending.append(entry.prompt.index)
         self._step.recycled += 1
+        self._recycled_total += 1
 
     def _drop(self, entry: _Entry, reason: str) -> None:
         index = entry.prompt.index
@@ -409,6 +411,11 @@ class DataBuffer:
     @property
     def missing_version_total(self) -> int:
         return self._missing_version_total
+
+    @property
+    def recycled_total(self) -> int:
+        """Recycles since this buffer was created (not persisted)."""
+        return self._recycled_total
 
     def accounting(self) -> Accounting:
         """Counts per state since this buffer (or the state it loaded) began."""

@@ -198,6 +198,14 @@ class RolloutManager:
 
     # ----------------------------------------------------------------- rollout
 
+    async def start(self) -> None:
+        """Start the producer now, so engines work before the first drain (else it lazily does).
+
+        Raises:
+            RuntimeError: the manager was shut down.
+        """
+        self._rollout.start()
+
     async def generate(self, rollout_id: int) -> RolloutFnTrainOutput:
         """Drain one training batch of ``rollout_batch_size`` groups, sorted by group index.
 
@@ -244,6 +252,7 @@ class RolloutManager:
             METRIC_PREFIX + "negative_staleness_total": self._buffer.negative_staleness_total,
             METRIC_PREFIX + "missing_version_total": self._buffer.missing_version_total,
             METRIC_PREFIX + "queue_size": self._buffer.queue_size,
+            METRIC_PREFIX + "recycled_total": self._buffer.recycled_total,
             _MANAGER_PREFIX + "ledger_reads": self._ledger_reads,
             _MANAGER_PREFIX + "pushes_accepted": self._pushes_accepted,
             _MANAGER_PREFIX + "version_regressions_refused": self._regressions_refused,

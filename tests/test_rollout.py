@@ -223,3 +223,22 @@ def test_stop_returns_in_flight_prompts_and_later_drains_fail():
     accounting = rollout.buffer.accounting()
     assert (accounting.entered, accounting.in_flight, accounting.pending) == (3, 0, 3)
     assert accounting.balanced
+
+
+def test_always_stale_prompt_goes_through_the_engines_max_recycles_times_then_starves():
+    pool = FakeEnginePool(version=5)
+    pool.stamp[0] = 0  # an engine that never gets new weights for this prompt
+    rollout = make_rollout(pool, batch=2, concurrency=1, max_weight_staleness=2, max_recycles=3)
+
+    async def scenario():
+        outputs = [await rollout.drain(train_input(i, 5), lambda _at_least: 5) for i in range(4)]
+        await rollout.stop()
+        return outputs
+
+    outputs = run_async(scenario)
+
+    assert pool.calls.count(0) == 4  # first try + 3 recycles
+    assert rollout.buffer.prompt_states()[0] == "dropped:starved"
+    assert sum(o.metrics[M + "recycled"] for o in outputs) == 3
+    assert sum(o.metrics[M + "starved"] for o in outputs) == 1
+    assert all(0 not in [g[0].group_index for g in o.samples] for o in outputs)
