@@ -274,7 +274,9 @@ class DataBuffer:
             resolve: VersionProvider = current_version
         else:
             fixed = current_version
-            resolve = lambda _at_least: fixed  # noqa: E731
+
+            def resolve(_at_least: int) -> int:
+                return fixed
         async with self._changed:
             while True:
                 await self._changed.wait_for(lambda: bool(self._queue))
