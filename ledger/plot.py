@@ -16,6 +16,9 @@ What is read:
   Without ``--metrics``, the file is looked for beside a SQLite database (``metrics.jsonl``,
   then ``<run-id>/metrics.jsonl``); PostgreSQL has no "beside", so pass ``--metrics``.
 
+Lines with an integer ``step`` and a number under ``reward/mean`` (as ``orchestrator run``
+writes them) add a middle panel: mean reward per training step.
+
 matplotlib is imported inside :func:`draw` (Agg canvas, no pyplot state), so the other
 commands never pay for it.
 """
@@ -36,6 +39,7 @@ __all__ = ["Histogram", "Timeline", "default_metrics_path", "draw", "plot_run", 
 
 METRICS_FILE = "metrics.jsonl"
 _HISTOGRAM_KEYS = ("staleness_hist", "staleness_histogram")
+REWARD_KEY = "reward/mean"
 
 
 @dataclass
@@ -44,6 +48,7 @@ class Histogram:
 
     path: Path
     counts: dict[int, int] = field(default_factory=dict)
+    rewards: list[tuple[int, float]] = field(default_factory=list)  # (step, mean reward)
     lines: int = 0
     skipped_lines: int = 0
 
@@ -89,7 +94,8 @@ def _add(counts: dict[int, int], value: Any) -> bool:
 
 
 def read_histogram(path: Path) -> Histogram:
-    """Sum every staleness histogram in the JSON-lines file at ``path``.
+    """Sum every staleness histogram in the JSON-lines file at ``path``, and collect the
+    per-step mean reward (``reward/mean`` beside an integer ``step``) where lines have one.
 
     Raises:
         QueryError: the file cannot be read.
@@ -110,6 +116,9 @@ def read_histogram(path: Path) -> Histogram:
         if not isinstance(record, dict):
             histogram.skipped_lines += 1
             continue
+        reward = record.get(REWARD_KEY)
+        if isinstance(reward, int | float) and isinstance(record.get("step"), int):
+            histogram.rewards.append((record["step"], float(reward)))
         scopes = [record] + [value for value in record.values() if isinstance(value, dict)]
         for scope in scopes:
             for key, value in scope.items():
@@ -134,10 +143,12 @@ def draw(timeline: Timeline, histogram: Histogram | None, out: Path, title: str)
     from matplotlib.ticker import MaxNLocator
 
     state = timeline.state
-    panels = 2 if histogram is not None and histogram.found else 1
+    show_histogram = histogram is not None and histogram.found
+    show_rewards = histogram is not None and bool(histogram.rewards)
+    panels = 1 + show_histogram + show_rewards
     figure = Figure(figsize=(9, 3.6 * panels), layout="constrained")
     FigureCanvasAgg(figure)
-    axes = figure.subplots(panels, 1, squeeze=False)[:, 0]
+    axes = list(figure.subplots(panels, 1, squeeze=False)[:, 0])
     start = state.started_at
 
     def seconds(moment: datetime) -> float:
@@ -174,10 +185,19 @@ def draw(timeline: Timeline, histogram: Histogram | None, out: Path, title: str)
     top.set_ylabel("weight version")
     top.set_title(title)
     top.legend(loc="lower right", fontsize=8)
-    if panels == 2:
+    if show_rewards:
+        assert histogram is not None
+        steps, rewards = zip(*sorted(histogram.rewards))
+        reward_axis = axes[1]
+        reward_axis.plot(steps, rewards, color="tab:purple", marker=".", markersize=4)
+        reward_axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        reward_axis.set_xlabel("training step")
+        reward_axis.set_ylabel("mean reward")
+        reward_axis.set_title("reward of the trained samples")
+    if show_histogram:
         assert histogram is not None
         lags = sorted(histogram.counts)
-        bottom = axes[1]
+        bottom = axes[-1]
         bottom.bar(
             lags, [histogram.counts[lag] for lag in lags],
             color=["tab:red" if lag < 0 else "tab:green" for lag in lags],

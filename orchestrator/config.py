@@ -47,8 +47,8 @@ class RunConfig(BaseModel):
     )
 
     # Rollout shape.
-    rollout_batch_size: int = Field(default=8, ge=1, description="prompt groups per step")
-    n_samples_per_prompt: int = Field(default=4, ge=1)
+    rollout_batch_size: int = Field(default=16, ge=1, description="prompt groups per step")
+    n_samples_per_prompt: int = Field(default=8, ge=1)
     max_weight_staleness: int | None = Field(
         default=2, ge=0, description="max version lag of a trained group; None = off"
     )
@@ -56,7 +56,7 @@ class RunConfig(BaseModel):
     async_data_buffer_capacity_factor: int = Field(
         default=2, ge=1, description="buffer holds factor * rollout_batch_size groups"
     )
-    async_max_concurrent_samples: int = Field(default=8, ge=1, description="groups in flight")
+    async_max_concurrent_samples: int = Field(default=16, ge=1, description="groups in flight")
     max_recycles: int = Field(default=3, ge=0)
 
     # Topology.
@@ -73,13 +73,14 @@ class RunConfig(BaseModel):
     # Training and weight transport.
     backend: Literal["megatron", "torch"] = "torch"
     transport: Literal["full", "lora"] = "full"
-    lr: float = Field(default=1e-3, gt=0.0, le=1.0)
-    eps_clip: float = Field(default=0.2, gt=0.0, lt=1.0)
+    lr: float = Field(default=3e-3, gt=0.0, le=1.0)
+    eps_clip: float = Field(default=0.2, gt=0.0, lt=1.0, description="lower PPO clip")
+    eps_clip_high: float = Field(default=0.28, gt=0.0, lt=1.0, description="upper PPO clip")
 
     # Sampling.
     temperature: float = Field(default=1.0, gt=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    max_response_len: int = Field(default=16, ge=1)
+    max_response_len: int = Field(default=3, ge=1, description="new tokens per response")
 
     # Liveness and mode.
     heartbeat_timeout_s: float = Field(default=10.0, gt=0.0)

@@ -155,6 +155,19 @@ class FullyAsyncRolloutFn:
             )
             self._producer.add_done_callback(_log_producer_exit)
 
+    async def pause(self) -> None:
+        """Cancel the producer so no generation runs until the next drain restarts it.
+
+        In-flight prompts go back to pending (they are regenerated first); buffered groups
+        stay buffered. This is the synchronous baseline's between-steps state.
+        """
+        task, self._producer = self._producer, None
+        if task is None or task.done():
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
     async def stop(self) -> None:
         """Cancel the producer and its generations; in-flight prompts go back to pending.
 

@@ -209,7 +209,8 @@ class RolloutManager:
     async def generate(self, rollout_id: int) -> RolloutFnTrainOutput:
         """Drain one training batch of ``rollout_batch_size`` groups, sorted by group index.
 
-        Reads the ledger head first. Metrics include ``rollout/fully_async/weight_version``
+        Reads the ledger head first. With ``config.sync`` the producer is paused again after
+        the drain, so nothing is generated while the trainer works. Metrics include ``rollout/fully_async/weight_version``
         (the version staleness was measured against at the end of the drain).
 
         Raises:
@@ -222,6 +223,9 @@ class RolloutManager:
             self._current_version,
         )
         output.metrics[METRIC_PREFIX + "weight_version"] = self._weight_version
+        if self.config.sync:
+            # The synchronous baseline generates only while a drain waits for it.
+            await self._rollout.pause()
         return output
 
     def accounting(self) -> Accounting:

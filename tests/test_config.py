@@ -11,11 +11,11 @@ from orchestrator.config import ConfigError, RunConfig
 def test_defaults_suit_a_short_cpu_run():
     config = RunConfig()
 
-    assert config.rollout_batch_size == 8
-    assert config.n_samples_per_prompt == 4
+    assert config.rollout_batch_size == 16
+    assert config.n_samples_per_prompt == 8
     assert config.max_weight_staleness == 2
     assert config.async_unused_samples_handler == "retry"
-    assert config.buffer_capacity == 16
+    assert config.buffer_capacity == 32
     assert config.backend == "torch" and config.transport == "full"
     assert config.indep_dp is True and config.sync is False
 

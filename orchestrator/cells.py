@@ -1,0 +1,465 @@
+"""CellGroup: N independent trainer cells (indep-dp) with fenced failover through the ledger.
+
+Liveness comes from Ray (``ActorDiedError``, ``ActorUnavailableError`` on any call) and from
+heartbeats with a timeout (a frozen process answers nothing). Every change of a cell's state is
+a ``cell_state`` event. The publisher is whoever the ledger's newest ``cell_promoted`` names;
+when it is lost the group promotes the lowest alive cell (epoch + 1) *through the ledger*, so the
+old publisher is fenced from that moment whether it is dead or only frozen.
+
+Gradient averaging runs over the alive cells; each change of membership forms a new quorum (a
+fresh quorum id, hence a fresh store prefix: members of an old quorum can never meet members of
+the new one). A step that fails because a cell died is retried on the survivors, never
+half-applied: if some survivors had already stepped, the others adopt their state instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from ledger import FencedError, Ledger
+from orchestrator.config import RunConfig
+from orchestrator.types import Sample
+
+__all__ = ["CellGroup", "NoCellAliveError", "StepFailedError"]
+
+logger = logging.getLogger(__name__)
+
+CellFactory = Callable[[RunConfig, str], Any]
+
+# How much longer than a collective's own timeout a step may take before its cell is deemed lost.
+_STEP_GRACE_S = 30.0
+
+
+class StepFailedError(RuntimeError):
+    """A step (training or weight update) failed on every attempt; the message says why."""
+
+
+class NoCellAliveError(StepFailedError):
+    """Every cell is lost: nothing can train or publish."""
+
+
+@dataclass
+class _Cell:
+    cell_id: str
+    actor: Any
+    alive: bool = True
+    incarnation: int = 0
+
+
+@dataclass
+class CellEvents:
+    """Counters of what the group has seen (for metrics and drills)."""
+
+    deaths: int = 0
+    promotions: int = 0
+    heals: int = 0
+    retried_steps: int = 0
+    quorums: int = 0
+    lost: list[str] = field(default_factory=list)
+
+
+def _is_actor_loss(exc: BaseException) -> bool:
+    return isinstance(exc, RayActorError | GetTimeoutError)
+
+
+class CellGroup:
+    """The run's train cells, their quorum, and the publisher role.
+
+    Args:
+        config: the run's config (``num_cells``, ``heartbeat_timeout_s``, ...).
+        ledger: an open writer ledger; the group appends ``cell_state`` / ``cell_promoted``.
+        ledger_url: handed to cells, which open the ledger themselves to publish.
+        run_id: a started run.
+        create_cell: builds one cell actor (``orchestrator.launch.create_cell``).
+        max_attempts: attempts of one step before :class:`StepFailedError`.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        ledger: Ledger,
+        ledger_url: str,
+        run_id: str,
+        create_cell: CellFactory,
+        *,
+        max_attempts: int = 3,
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.ledger_url = ledger_url
+        self.run_id = run_id
+        self._create_cell = create_cell
+        self.max_attempts = max_attempts
+        self.heartbeat_timeout_s = config.heartbeat_timeout_s
+        self._cells: dict[str, _Cell] = {}
+        self._quorum_id = 0
+        self._store: Any = None
+        self._store_addr: str | None = None
+        self.events = CellEvents()
+
+    # ------------------------------------------------------------------ membership
+
+    def start(self) -> None:
+        """Create ``num_cells`` cells, record them alive, and form the first quorum."""
+        from actors.train_cell import create_rendezvous_store
+
+        self._store, self._store_addr = create_rendezvous_store()
+        for index in range(self.config.num_cells):
+            cell_id = f"cell-{index}"
+            self._cells[cell_id] = _Cell(cell_id, self._create_cell(self.config, cell_id))
+        ray.get([cell.actor.pid.remote() for cell in self._cells.values()])
+        for cell_id in self._cells:
+            self._record_state(cell_id, "alive")
+        self.reform()
+
+    @property
+    def cell_ids(self) -> list[str]:
+        return sorted(self._cells)
+
+    def alive_ids(self) -> list[str]:
+        """Cells believed alive, lowest id first (the promotion order)."""
+        return [c for c in self.cell_ids if self._cells[c].alive]
+
+    def errored_ids(self) -> list[str]:
+        return [c for c in self.cell_ids if not self._cells[c].alive]
+
+    def actor(self, cell_id: str) -> Any:
+        """The current actor handle of ``cell_id`` (tests and drills signal its process)."""
+        return self._cells[cell_id].actor
+
+    @property
+    def quorum_id(self) -> int:
+        return self._quorum_id
+
+    def _record_state(self, cell_id: str, state: str) -> None:
+        self.ledger.append(
+            self.run_id, "cell_state", {"state": state, "quorum_id": self._quorum_id},
+            cell_id=cell_id,
+        )
+
+    def mark_lost(self, cell_id: str, why: str) -> None:
+        """Take ``cell_id`` out of the group (``cell_state`` errored); idempotent."""
+        cell = self._cells[cell_id]
+        if not cell.alive:
+            return
+        cell.alive = False
+        self.events.deaths += 1
+        self.events.lost.append(cell_id)
+        logger.warning("cell %s lost: %s", cell_id, why)
+        self._record_state(cell_id, "errored")
+
+    def check_liveness(self) -> list[str]:
+        """Heartbeat every alive cell; mark those that die or miss the timeout. Returns them."""
+        alive = self.alive_ids()
+        refs = {cell_id: self._cells[cell_id].actor.pid.remote() for cell_id in alive}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs),
+                            timeout=self.heartbeat_timeout_s)
+        lost = []
+        for cell_id, ref in refs.items():
+            if ref not in ready:
+                lost.append((cell_id, f"no heartbeat within {self.heartbeat_timeout_s:g}s"))
+                continue
+            try:
+                ray.get(ref)
+            except RayActorError as exc:
+                lost.append((cell_id, type(exc).__name__))
+        for cell_id, why in lost:
+            self.mark_lost(cell_id, why)
+        return [cell_id for cell_id, _ in lost]
+
+    def reform(self) -> int:
+        """Form a new quorum over the alive cells (a fresh quorum id); returns its id.
+
+        Cells that fail to join are marked lost and the quorum is formed again without them.
+
+        Raises:
+            NoCellAliveError: no cell is left.
+        """
+        while True:
+            alive = self.alive_ids()
+            if not alive:
+                raise NoCellAliveError("no train cell is alive")
+            self._quorum_id += 1
+            self.events.quorums += 1
+            refs = {
+                cell_id: self._cells[cell_id].actor.configure_group.remote(
+                    self._quorum_id, rank, len(alive), self._store_addr
+                )
+                for rank, cell_id in enumerate(alive)
+            }
+            failed = self._gather_failures(refs)
+            if not failed:
+                logger.info("quorum %d: %s", self._quorum_id, alive)
+                return self._quorum_id
+            self._sort_out_failures(failed)
+
+    def _gather_failures(self, refs: dict[str, Any]) -> dict[str, BaseException]:
+        """Wait for every call; return the cells whose call failed or did not return."""
+        timeout = self.heartbeat_timeout_s + _STEP_GRACE_S
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
+        failed: dict[str, BaseException] = {}
+        for cell_id, ref in refs.items():
+            if ref not in ready:
+                failed[cell_id] = GetTimeoutError(f"cell {cell_id}: no answer in {timeout:g}s")
+                continue
+            try:
+                ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - sorted out by the caller
+                failed[cell_id] = exc
+        return failed
+
+    def _sort_out_failures(self, failed: dict[str, BaseException]) -> None:
+        """Mark cells that are really gone; a survivor's collective error only means a peer
+        died, which the heartbeat tells apart."""
+        for cell_id, exc in failed.items():
+            if _is_actor_loss(exc):
+                self.mark_lost(cell_id, f"{type(exc).__name__}")
+        self.check_liveness()
+        self.ensure_publisher()
+
+    # ------------------------------------------------------------------ publisher
+
+    def ensure_publisher(self, reason: str = "failover") -> int:
+        """Make sure an alive cell holds the newest epoch; promote the lowest alive one if not.
+
+        Returns the publisher's epoch. The promotion goes through the ledger, so from here on
+        the previous publisher's writes raise ``FencedError``.
+        """
+        head = self.ledger.head(self.run_id)
+        alive = self.alive_ids()
+        if head.publisher_cell in alive:
+            return head.epoch
+        if not alive:
+            raise NoCellAliveError("no train cell is alive to publish")
+        epoch = self.ledger.promote(
+            self.run_id, alive[0], reason=reason if head.epoch else "start",
+            previous_cell=head.publisher_cell,
+        )
+        self.events.promotions += 1
+        log_level = logging.INFO if reason == "start" else logging.WARNING
+        logger.log(log_level, "cell %s promoted to publisher, epoch %d", alive[0], epoch)
+        return epoch
+
+    def take_over(self, reason: str = "resume") -> int:
+        """Promote the lowest alive cell even if the ledger's publisher looks alive: a new
+        process (a resumed job) must not write under an epoch an older process may still
+        hold. Returns the new epoch."""
+        alive = self.alive_ids()
+        if not alive:
+            raise NoCellAliveError("no train cell is alive to publish")
+        head = self.ledger.head(self.run_id)
+        epoch = self.ledger.promote(self.run_id, alive[0], reason=reason,
+                                    previous_cell=head.publisher_cell)
+        self.events.promotions += 1
+        return epoch
+
+    @property
+    def publisher(self) -> str | None:
+        return self.ledger.head(self.run_id).publisher_cell
+
+    # ------------------------------------------------------------------ steps
+
+    def train_step(self, groups: Sequence[Sequence[Sample]]) -> dict[str, float]:
+        """One synchronous GRPO step over ``groups``, sharded across the alive cells.
+
+        A cell lost mid-step is marked errored (and replaced as publisher if it was one), the
+        quorum is re-formed over the survivors and the step is retried. If some survivors had
+        already applied it, the rest adopt their state: the step is applied exactly once.
+
+        Raises:
+            StepFailedError: ``max_attempts`` attempts failed; NoCellAliveError if none is left.
+        """
+        last_error: BaseException | None = None
+        for attempt in range(1, self.max_attempts + 1):
+            alive = self.alive_ids()
+            if not alive:
+                raise NoCellAliveError("no train cell is alive")
+            before = self._progress(alive)
+            shards = _shard(groups, len(alive))
+            refs = {
+                cell_id: self._cells[cell_id].actor.train_step.remote(shard)
+                for cell_id, shard in zip(alive, shards)
+            }
+            failed = self._gather_failures(refs)
+            if not failed:
+                return _merge_metrics([ray.get(refs[c]) for c in alive], shards)
+            last_error = next(iter(failed.values()))
+            self.events.retried_steps += 1
+            logger.warning("train step attempt %d failed: %s", attempt, last_error)
+            self._sort_out_failures(failed)
+            survivors = self.alive_ids()
+            if self._complete_half_applied_step(survivors, before):
+                done = [c for c in survivors if c not in failed]
+                self.reform()
+                return _merge_metrics(
+                    [ray.get(refs[c]) for c in done],
+                    [shards[alive.index(c)] for c in done],
+                ) if done else {}
+            self.reform()
+        raise StepFailedError(
+            f"train step failed {self.max_attempts} times; last error: {last_error}"
+        )
+
+    def _progress(self, cell_ids: list[str]) -> dict[str, int]:
+        return dict(zip(cell_ids, ray.get(
+            [self._cells[c].actor.progress.remote() for c in cell_ids]
+        ), strict=True)) if cell_ids else {}
+
+    def _complete_half_applied_step(self, survivors: list[str], before: dict[str, int]) -> bool:
+        """If any survivor applied the failed step, copy its state to the others; say so."""
+        if not survivors:
+            return False
+        now = self._progress(survivors)
+        advanced = [c for c in survivors if now[c] > before.get(c, now[c])]
+        if not advanced:
+            return False
+        state = self._cells[advanced[0]].actor.get_state.remote()
+        laggards = [c for c in survivors if c not in advanced]
+        ray.get([self._cells[c].actor.set_state.remote(state) for c in laggards])
+        logger.warning("step was applied by %s; %s adopted their state", advanced, laggards)
+        return True
+
+    def update_weights(self, engines: Sequence[Any], rollout_manager: Any = None) -> int:
+        """Publish the publisher's weights as the next version; returns it (head + 1).
+
+        If the publisher is lost mid-update (before the commit: engines stay paused, no
+        version; after it: a committed-but-unstamped version), the lowest alive cell is
+        promoted and publishes again.
+
+        Raises:
+            StepFailedError: ``max_attempts`` attempts failed.
+        """
+        last_error: BaseException | None = None
+        for attempt in range(1, self.max_attempts + 1):
+            epoch = self.ensure_publisher()
+            publisher = self.ledger.head(self.run_id).publisher_cell
+            assert publisher is not None
+            ref = self._cells[publisher].actor.update_weights.remote(
+                list(engines), epoch, self.ledger_url, self.run_id, rollout_manager
+            )
+            failed = self._gather_failures({publisher: ref})
+            if not failed:
+                return ray.get(ref)
+            last_error = failed[publisher]
+            self.events.retried_steps += 1
+            logger.warning("weight update attempt %d by %s failed: %s", attempt, publisher,
+                           last_error)
+            if _is_actor_loss(last_error):
+                self.mark_lost(publisher, type(last_error).__name__)
+                self.check_liveness()
+                self.reform()
+            elif not isinstance(_cause(last_error), FencedError):
+                raise last_error
+        raise StepFailedError(
+            f"weight update failed {self.max_attempts} times; last error: {last_error}"
+        )
+
+    # ------------------------------------------------------------------ healing
+
+    def heal(self, cell_id: str) -> None:
+        """Replace a lost cell with a new actor holding a survivor's weights and optimizer
+        state; it rejoins as a follower (``cell_state`` healed) and a new quorum forms.
+
+        Raises:
+            NoCellAliveError: no survivor to copy state from.
+        """
+        survivors = self.alive_ids()
+        if not survivors:
+            raise NoCellAliveError(f"no survivor to heal {cell_id} from")
+        old = self._cells[cell_id]
+        try:
+            ray.kill(old.actor, no_restart=True)  # a frozen zombie must not come back
+        except Exception:  # noqa: BLE001 - it may be gone already
+            pass
+        actor = self._create_cell(self.config, cell_id)
+        state = self._cells[survivors[0]].actor.get_state.remote()
+        ray.get(actor.set_state.remote(state))
+        self._cells[cell_id] = _Cell(cell_id, actor, alive=True,
+                                     incarnation=old.incarnation + 1)
+        self.events.heals += 1
+        self._record_state(cell_id, "healed")
+        self.reform()
+
+    def heal_lost(self) -> list[str]:
+        """Heal every lost cell; returns their ids."""
+        lost = self.errored_ids()
+        for cell_id in lost:
+            self.heal(cell_id)
+        return lost
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, path: str) -> dict[str, Any]:
+        """The publisher writes its state to ``path`` and records ``checkpoint_saved``."""
+        for _ in range(self.max_attempts):
+            epoch = self.ensure_publisher()
+            publisher = self.ledger.head(self.run_id).publisher_cell
+            ref = self._cells[publisher].actor.save_checkpoint.remote(
+                path, self.ledger_url, self.run_id, epoch
+            )
+            failed = self._gather_failures({publisher: ref})
+            if not failed:
+                return ray.get(ref)
+            self._sort_out_failures(failed)
+            self.reform()
+        raise StepFailedError(f"checkpoint {path} could not be saved")
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        """Every alive cell loads ``path``; returns the checkpoint's summary."""
+        summaries = ray.get(
+            [self._cells[c].actor.load_checkpoint.remote(path) for c in self.alive_ids()]
+        )
+        return summaries[0]
+
+    def stop(self) -> None:
+        """Record every alive cell stopped and release the actors."""
+        for cell_id in self.alive_ids():
+            try:
+                self._record_state(cell_id, "stopped")
+            except FencedError:  # pragma: no cover - cell_state is never fenced
+                pass
+        for cell in self._cells.values():
+            try:
+                ray.kill(cell.actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self._store = None
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The user exception inside a Ray task error."""
+    if isinstance(exc, RayTaskError):
+        return exc.as_instanceof_cause()
+    return exc
+
+
+def _shard(groups: Sequence[Sequence[Sample]], parts: int) -> list[list[Sequence[Sample]]]:
+    """Split groups into ``parts`` contiguous shards of near-equal size (none empty)."""
+    if len(groups) < parts:
+        raise ValueError(f"{len(groups)} groups cannot feed {parts} cells")
+    size, extra = divmod(len(groups), parts)
+    shards, start = [], 0
+    for index in range(parts):
+        end = start + size + (1 if index < extra else 0)
+        shards.append(list(groups[start:end]))
+        start = end
+    return shards
+
+
+def _merge_metrics(results: list[dict[str, float]], shards: list[list]) -> dict[str, float]:
+    """Average per-cell metrics weighted by their shard's group count."""
+    total = sum(len(s) for s in shards)
+    merged: dict[str, float] = {}
+    for metrics, shard in zip(results, shards, strict=True):
+        weight = len(shard) / total
+        for key, value in metrics.items():
+            merged[key] = merged.get(key, 0.0) + weight * float(value)
+    merged["cells_in_step"] = float(len(results))
+    return merged

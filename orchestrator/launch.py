@@ -1,0 +1,151 @@
+"""Ray details behind small ``create_*`` helpers: the cluster, engines, cells, the manager.
+
+Everything a run allocates is built from its :class:`RunConfig`, so a replacement actor (a
+healed cell, a restarted engine or manager) is built exactly like the original.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.config import RunConfig
+
+__all__ = [
+    "ActorBudget",
+    "StartupError",
+    "create_cell",
+    "create_engine",
+    "create_rollout_manager",
+    "init_ray",
+    "policy_config",
+    "task_for",
+]
+
+CELL_CPUS = 0.25
+ENGINE_CPUS = 0.25
+MANAGER_CPUS = 0.1
+LORA_RANK = 4
+
+
+class StartupError(RuntimeError):
+    """The job cannot start here (too few CPUs, no Ray cluster): one line for the user."""
+
+
+@dataclass(frozen=True)
+class ActorBudget:
+    """The CPUs a run's actors ask Ray for."""
+
+    cells: int
+    engines: int
+
+    @property
+    def cpus(self) -> float:
+        return self.cells * CELL_CPUS + self.engines * ENGINE_CPUS + MANAGER_CPUS
+
+
+def init_ray(config: RunConfig, address: str | None = None) -> None:
+    """Start a local Ray cluster sized to this machine, or join ``address``.
+
+    Raises:
+        StartupError: the cluster has fewer CPUs than the run's actors need, or cannot be
+            reached.
+    """
+    import ray
+
+    os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+    budget = ActorBudget(config.num_cells, config.num_engines)
+    if not ray.is_initialized():
+        try:
+            if address is None:
+                ray.init(
+                    num_cpus=os.cpu_count() or 1,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
+            else:
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise StartupError(f"cannot join the Ray cluster at {address}: {exc}") from None
+    available = float(ray.cluster_resources().get("CPU", 0.0))
+    if budget.cpus > available:
+        raise StartupError(
+            f"{config.num_cells} cells and {config.num_engines} engines need "
+            f"{budget.cpus:g} CPUs ({CELL_CPUS:g} each, plus {MANAGER_CPUS:g} for the rollout "
+            f"manager); the Ray cluster has {available:g}"
+        )
+
+
+def task_for(config: RunConfig):
+    """The verifiable task of the run, seeded by the run's seed."""
+    from actors.task import AdditionTask
+
+    return AdditionTask(seed=config.seed)
+
+
+def policy_config(config: RunConfig):
+    """The policy sizes every cell and engine of the run share (LoRA rank for ``lora``)."""
+    from actors.policy import PolicyConfig
+    from actors.task import TOKENIZER
+
+    rank = LORA_RANK if config.transport == "lora" else 0
+    return PolicyConfig(vocab_size=TOKENIZER.vocab_size, lora_rank=rank)
+
+
+def create_engine(config: RunConfig, engine_id: str):
+    """A ``RolloutEngine`` actor with the run's policy, task and sampling parameters."""
+    import ray
+
+    from actors.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
+
+    options = {**ROLLOUT_ENGINE_ACTOR_OPTIONS, "num_cpus": ENGINE_CPUS}
+    sampling = {
+        "temperature": config.temperature,
+        "top_p": config.top_p,
+        "max_new_tokens": config.max_response_len,
+    }
+    return ray.remote(**options)(RolloutEngine).remote(
+        engine_id, config.backend, policy_config(config), seed=config.seed,
+        task=task_for(config), sampling=sampling,
+    )
+
+
+def create_cell(config: RunConfig, cell_id: str):
+    """A ``TrainCell`` actor with the run's policy, optimizer and transport."""
+    import ray
+
+    from actors.grpo import GRPOConfig
+    from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell
+
+    options = {**TRAIN_CELL_ACTOR_OPTIONS, "num_cpus": CELL_CPUS}
+    return ray.remote(**options)(TrainCell).remote(
+        cell_id, config.backend, policy_config(config), seed=config.seed,
+        transport=config.transport, learning_rate=config.lr,
+        grpo=GRPOConfig(
+            clip_low=config.eps_clip, clip_high=config.eps_clip_high,
+            temperature=config.temperature,
+        ),
+        collective_timeout_s=config.heartbeat_timeout_s,
+    )
+
+
+def create_rollout_manager(config: RunConfig, ledger_url: str, run_id: str, engines: dict[str, Any]):
+    """A ``RolloutManager`` actor over a ``RayEnginePool`` of ``engines``."""
+    import ray
+
+    from orchestrator.engine_pool import RayEnginePool
+    from orchestrator.rollout_manager import RolloutManager
+
+    make_prompt = functools.partial(_make_prompt, config.seed)
+    return ray.remote(num_cpus=MANAGER_CPUS)(RolloutManager).remote(
+        ledger_url, run_id, config, make_prompt, RayEnginePool(engines)
+    )
+
+
+def _make_prompt(seed: int, index: int):
+    from actors.task import AdditionTask
+
+    return AdditionTask(seed=seed).make_prompt(index)
