@@ -200,7 +200,11 @@ class Ledger:
     (``readonly=True``) never creates a file or a table. Every write retries transient database
     failures with backoff for up to ``retry_seconds``; this is safe because every event carries
     an idempotency key (the caller's, or one generated per call), so a retried append whose
-    first attempt did commit returns that first event instead of writing again.
+    first attempt did commit returns that first event instead of writing again. Reads after
+    :meth:`open` (``head``, ``events``, ...) retry the same way: a run's readers (the rollout
+    manager, the driver) must ride out a database restart just like its writers, and a read
+    changes nothing, so retrying one is always safe. :meth:`open` itself does not retry, so a
+    wrong URL fails at once.
 
     Safe to share between threads; each process should open its own.
     """
@@ -328,14 +332,17 @@ class Ledger:
             raise _translate(exc) from exc
 
     def _with_retries(self, operation, *args, **kwargs):
-        """Run a write, retrying only :class:`LedgerUnavailableError` with backoff."""
+        """Run one transaction (a write or a read), retrying only
+        :class:`LedgerUnavailableError` with backoff for ``retry_seconds``."""
         retrying = Retrying(
             retry=retry_if_exception_type(LedgerUnavailableError),
             wait=wait_exponential_jitter(initial=0.05, max=2.0),
             stop=stop_after_delay(self.retry_seconds),
             reraise=True,
             before_sleep=lambda state: log.warning(
-                "ledger write failed (%s); retrying", state.outcome.exception()
+                "ledger %s failed (%s); retrying",
+                getattr(operation, "__name__", "operation").lstrip("_"),
+                state.outcome.exception(),
             ),
         )
         try:
@@ -611,19 +618,29 @@ class Ledger:
 
         Raises:
             UnknownRunError: the run was never started.
+            LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
         """
-        with self._read() as conn:
-            row = conn.execute(
-                sa.select(run_heads).where(run_heads.c.run_id == run_id)
-            ).first()
+        row = self._with_retries(self._head_row, run_id)
         if row is None:
             raise UnknownRunError(run_id)
         return Head(row.head_version, row.epoch, row.publisher_cell, row.last_seq, row.head_hash)
 
+    def _head_row(self, run_id: str) -> sa.Row | None:
+        with self._read() as conn:
+            return conn.execute(
+                sa.select(run_heads).where(run_heads.c.run_id == run_id)
+            ).first()
+
     def events(
         self, run_id: str, start_seq: int = 1, end_seq: int | None = None
     ) -> Iterator[Event]:
-        """Events of ``run_id`` with ``start_seq <= seq <= end_seq``, in seq order, paged."""
+        """Events of ``run_id`` with ``start_seq <= seq <= end_seq``, in seq order, paged.
+
+        Each page is one read transaction, retried like any read.
+
+        Raises:
+            LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
+        """
         next_seq = start_seq
         while end_seq is None or next_seq <= end_seq:
             query = (
@@ -634,17 +651,20 @@ class Ledger:
             )
             if end_seq is not None:
                 query = query.where(ledger_events.c.seq <= end_seq)
-            with self._read() as conn:
-                try:
-                    page = [_row_to_event(row) for row in conn.execute(query)]
-                except (ValueError, TypeError) as exc:
-                    raise LedgerError(
-                        f"run {run_id!r}: corrupt event row at or after seq {next_seq}: {exc}"
-                    ) from exc
+            page = self._with_retries(self._event_page, run_id, query, next_seq)
             yield from page
             if len(page) < _READ_PAGE:
                 return
             next_seq = page[-1].seq + 1
+
+    def _event_page(self, run_id: str, query: sa.Select, next_seq: int) -> list[Event]:
+        with self._read() as conn:
+            try:
+                return [_row_to_event(row) for row in conn.execute(query)]
+            except (ValueError, TypeError) as exc:
+                raise LedgerError(
+                    f"run {run_id!r}: corrupt event row at or after seq {next_seq}: {exc}"
+                ) from exc
 
     def event_at_version(self, run_id: str, version: int) -> Event | None:
         """The ``weight_committed`` event of ``version``, or None."""
