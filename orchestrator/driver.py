@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError, RayTaskError
 
 from ledger import Ledger, LedgerError
 from orchestrator import launch
@@ -83,6 +84,11 @@ class JobResult:
         return not self.audit_problems and self.negative_staleness_total == 0
 
 
+def _step_of(path: Path) -> int:
+    """The train step in a ``rollout-step-NNNNNN.json`` name."""
+    return int(path.stem.rsplit("-", 1)[-1])
+
+
 def new_run_id() -> str:
     """``run-YYYYmmdd-HHMMSS-xxxx``: sortable by start time, unique enough per machine."""
     return f"run-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
@@ -135,6 +141,8 @@ class TrainingJob:
         self.cells: CellGroup | None = None
         self.manager: Any = None
         self.step = 0
+        self.engine_restarts = 0
+        self.manager_replacements = 0
         self._rewards: list[float] = []
         self._started = time.monotonic()
 
@@ -216,15 +224,19 @@ class TrainingJob:
         for step in range(first_step, config.num_rollout):
             self.step = step
             step_started = time.monotonic()
-            output: RolloutFnTrainOutput = ray.get(pending)
+            output: RolloutFnTrainOutput = self._await_batch(pending, step)
             last = step + 1 == config.num_rollout
             if not config.sync and not last:
                 pending = self.manager.generate.remote(step + 1)
             self._maintain_cells()
             train_metrics = self.cells.train_step(output.samples)
+            restarted = self._restart_dead_engines()
             version = None
-            if (step + 1) % config.update_weights_interval == 0 or last:
+            if restarted or (step + 1) % config.update_weights_interval == 0 or last:
+                # A restarted engine holds version-0 weights: it is updated before it serves.
                 version = self.cells.update_weights(list(self.engines.values()), self.manager)
+            for engine_id in restarted:
+                ray.get(self.manager.replace_engine.remote(engine_id, self.engines[engine_id]))
             if (step + 1) % config.save_interval == 0 and not last:
                 self.save_checkpoint(step + 1)
             if config.sync and not last:
@@ -234,6 +246,73 @@ class TrainingJob:
             bar.update(record)
             if self.options.on_step is not None:
                 self.options.on_step(self, step)
+
+    def _await_batch(self, pending: Any, step: int) -> RolloutFnTrainOutput:
+        """Wait for the drain of ``step`` while watching the processes it depends on.
+
+        A publisher that dies mid-update leaves the engines paused, so the drain could wait
+        for ever: every ``heartbeat_timeout_s`` the cells are heartbeated, and after a loss
+        the group fails over and the new publisher publishes (which resumes the engines). A
+        dead rollout manager is replaced from its newest saved state and asked again.
+        """
+        while True:
+            ready, _ = ray.wait([pending], timeout=self.config.heartbeat_timeout_s)
+            if not ready:
+                if self.cells.check_liveness():
+                    self._maintain_cells()
+                    self.cells.update_weights(list(self.engines.values()), self.manager)
+                continue
+            try:
+                return ray.get(pending)
+            except RayActorError as exc:
+                if isinstance(exc, RayTaskError):  # the manager raised: not its death
+                    raise
+                logger.warning("rollout manager lost (%s); replacing it", type(exc).__name__)
+                self.replace_manager()
+                pending = self.manager.generate.remote(step)
+
+    def replace_manager(self) -> None:
+        """Start a new rollout manager over the current engines and restore the newest saved
+        prompt state (a checkpoint's); its version comes from the ledger head.
+
+        Raises:
+            StartupError: the new manager cannot start (run missing from the ledger).
+        """
+        try:
+            ray.kill(self.manager, no_restart=True)
+        except Exception:  # noqa: BLE001 - it is gone already
+            pass
+        self.manager = launch.create_rollout_manager(
+            self.config, self.ledger_url, self.run_id, self.engines
+        )
+        saved = sorted(self.checkpoint_dir.glob("rollout-step-*.json"))
+        saved = [path for path in saved if _step_of(path) <= self.step]
+        if saved:
+            ray.get(self.manager.load.remote(str(saved[-1])))
+        self.manager_replacements += 1
+
+    def _restart_dead_engines(self) -> list[str]:
+        """Replace engines Ray reports dead with new actors (not yet serving); returns their
+        ids. The caller must publish the current weights to them before the manager uses
+        them: a new engine starts at version 0."""
+        refs = {engine_id: engine.health.remote() for engine_id, engine in self.engines.items()}
+        dead = []
+        for engine_id, ref in refs.items():
+            try:
+                ray.get(ref, timeout=self.config.heartbeat_timeout_s + 30)
+            except RayActorError:
+                dead.append(engine_id)
+        for engine_id in dead:
+            logger.warning("engine %s is dead; starting a replacement", engine_id)
+            try:
+                ray.kill(self.engines[engine_id], no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            self.engines[engine_id] = launch.create_engine(self.config, engine_id)
+        if dead:
+            ray.get([self.engines[engine_id].health.remote() for engine_id in dead])
+            self.engine_restarts += len(dead)
+        return dead
 
     def _maintain_cells(self) -> None:
         """Heartbeat the cells; after a loss, promote if needed, re-form, heal."""

@@ -129,6 +129,7 @@ class RolloutManager:
             self._ledger.close()
             raise
         self._source = PromptSource(make_prompt)
+        self._engine_pool = engine_pool
         self._buffer = DataBuffer.from_config(config, dynamic_filter)
         self._rollout = FullyAsyncRolloutFn.from_config(
             config, engine_pool, self._source, self._buffer, stall_warning_s=stall_warning_s
@@ -227,6 +228,23 @@ class RolloutManager:
             # The synchronous baseline generates only while a drain waits for it.
             await self._rollout.pause()
         return output
+
+    def replace_engine(self, engine_id: str, handle: Any) -> None:
+        """Serve from ``handle`` under ``engine_id`` from now on (a restarted engine).
+
+        Precondition: the engine already holds the run's current weights and version (the
+        driver has the publisher update it first), so it never serves version-0 samples into
+        a run that is past version 0. Requests still in flight on the dead engine have come
+        back ABORTED and were recycled.
+
+        Raises:
+            TypeError: this manager's engine pool cannot take replacements.
+        """
+        replace = getattr(self._engine_pool, "replace", None)
+        if replace is None:
+            raise TypeError(f"{type(self._engine_pool).__name__} cannot replace engines")
+        replace(engine_id, handle)
+        logger.info("run %s: engine %s replaced", self.run_id, engine_id)
 
     def accounting(self) -> Accounting:
         """Where every prompt that entered is (invariant 7)."""
