@@ -33,8 +33,9 @@ logger = logging.getLogger(__name__)
 
 CellFactory = Callable[[RunConfig, str], Any]
 
-# How much longer than a collective's own timeout a step may take before its cell is deemed lost.
-_STEP_GRACE_S = 30.0
+# A step waits this long past the collective timeout (= heartbeat timeout) before a cell that
+# has not answered is deemed lost: survivors report a failed all-reduce by then.
+_STEP_GRACE_S = 5.0
 
 
 class StepFailedError(RuntimeError):
@@ -194,26 +195,36 @@ class CellGroup:
                 )
                 for rank, cell_id in enumerate(alive)
             }
-            failed = self._gather_failures(refs)
+            _, failed = self._call_each(refs, self._step_timeout_s)
             if not failed:
                 logger.info("quorum %d: %s", self._quorum_id, alive)
                 return self._quorum_id
             self._sort_out_failures(failed)
 
-    def _gather_failures(self, refs: dict[str, Any]) -> dict[str, BaseException]:
-        """Wait for every call; return the cells whose call failed or did not return."""
-        timeout = self.heartbeat_timeout_s + _STEP_GRACE_S
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)
+    @property
+    def _step_timeout_s(self) -> float:
+        return self.heartbeat_timeout_s + max(self.heartbeat_timeout_s, _STEP_GRACE_S)
+
+    def _call_each(
+        self, calls: dict[str, Any], timeout: float
+    ) -> tuple[dict[str, Any], dict[str, BaseException]]:
+        """Wait up to ``timeout`` for every cell's call; return results and failures by cell.
+
+        A call that has not returned by then counts as failed with ``GetTimeoutError``: its
+        cell is frozen or gone, and is never waited for without a bound.
+        """
+        ready, _ = ray.wait(list(calls.values()), num_returns=len(calls), timeout=timeout)
+        results: dict[str, Any] = {}
         failed: dict[str, BaseException] = {}
-        for cell_id, ref in refs.items():
+        for cell_id, ref in calls.items():
             if ref not in ready:
                 failed[cell_id] = GetTimeoutError(f"cell {cell_id}: no answer in {timeout:g}s")
                 continue
             try:
-                ray.get(ref)
+                results[cell_id] = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - sorted out by the caller
                 failed[cell_id] = exc
-        return failed
+        return results, failed
 
     def _sort_out_failures(self, failed: dict[str, BaseException]) -> None:
         """Mark cells that are really gone; a survivor's collective error only means a peer
@@ -281,47 +292,44 @@ class CellGroup:
             alive = self.alive_ids()
             if not alive:
                 raise NoCellAliveError("no train cell is alive")
-            before = self._progress(alive)
-            shards = _shard(groups, len(alive))
-            refs = {
-                cell_id: self._cells[cell_id].actor.train_step.remote(shard)
-                for cell_id, shard in zip(alive, shards)
-            }
-            failed = self._gather_failures(refs)
+            before, failed = self._progress(alive)
             if not failed:
-                return _merge_metrics([ray.get(refs[c]) for c in alive], shards)
+                shards = _shard(groups, len(alive))
+                refs = {
+                    cell_id: self._cells[cell_id].actor.train_step.remote(shard)
+                    for cell_id, shard in zip(alive, shards)
+                }
+                results, failed = self._call_each(refs, self._step_timeout_s)
+                if not failed:
+                    return _merge_metrics([results[c] for c in alive], shards)
             last_error = next(iter(failed.values()))
             self.events.retried_steps += 1
             logger.warning("train step attempt %d failed: %s", attempt, last_error)
             self._sort_out_failures(failed)
-            survivors = self.alive_ids()
-            if self._complete_half_applied_step(survivors, before):
-                done = [c for c in survivors if c not in failed]
+            if before and self._complete_half_applied_step(self.alive_ids(), before):
+                done = [c for c in self.alive_ids() if c in results]
                 self.reform()
                 return _merge_metrics(
-                    [ray.get(refs[c]) for c in done],
-                    [shards[alive.index(c)] for c in done],
-                ) if done else {}
+                    [results[c] for c in done], [shards[alive.index(c)] for c in done]
+                )
             self.reform()
         raise StepFailedError(
             f"train step failed {self.max_attempts} times; last error: {last_error}"
         )
 
-    def _progress(self, cell_ids: list[str]) -> dict[str, int]:
-        return dict(zip(cell_ids, ray.get(
-            [self._cells[c].actor.progress.remote() for c in cell_ids]
-        ), strict=True)) if cell_ids else {}
+    def _progress(self, cell_ids: list[str]) -> tuple[dict[str, int], dict[str, BaseException]]:
+        """Optimizer steps applied per cell (within the heartbeat timeout), and failures."""
+        calls = {c: self._cells[c].actor.progress.remote() for c in cell_ids}
+        return self._call_each(calls, self.heartbeat_timeout_s)
 
     def _complete_half_applied_step(self, survivors: list[str], before: dict[str, int]) -> bool:
         """If any survivor applied the failed step, copy its state to the others; say so."""
-        if not survivors:
-            return False
-        now = self._progress(survivors)
-        advanced = [c for c in survivors if now[c] > before.get(c, now[c])]
+        now, _ = self._progress(survivors)
+        advanced = [c for c in now if now[c] > before.get(c, now[c])]
         if not advanced:
             return False
         state = self._cells[advanced[0]].actor.get_state.remote()
-        laggards = [c for c in survivors if c not in advanced]
+        laggards = [c for c in now if c not in advanced]
         ray.get([self._cells[c].actor.set_state.remote(state) for c in laggards])
         logger.warning("step was applied by %s; %s adopted their state", advanced, laggards)
         return True
@@ -344,9 +352,9 @@ class CellGroup:
             ref = self._cells[publisher].actor.update_weights.remote(
                 list(engines), epoch, self.ledger_url, self.run_id, rollout_manager
             )
-            failed = self._gather_failures({publisher: ref})
+            results, failed = self._call_each({publisher: ref}, self._step_timeout_s)
             if not failed:
-                return ray.get(ref)
+                return results[publisher]
             last_error = failed[publisher]
             self.events.retried_steps += 1
             logger.warning("weight update attempt %d by %s failed: %s", attempt, publisher,
@@ -404,9 +412,9 @@ class CellGroup:
             ref = self._cells[publisher].actor.save_checkpoint.remote(
                 path, self.ledger_url, self.run_id, epoch
             )
-            failed = self._gather_failures({publisher: ref})
+            results, failed = self._call_each({publisher: ref}, self._step_timeout_s)
             if not failed:
-                return ray.get(ref)
+                return results[publisher]
             self._sort_out_failures(failed)
             self.reform()
         raise StepFailedError(f"checkpoint {path} could not be saved")
