@@ -1,0 +1,160 @@
+"""The main job on a real local Ray cluster: failover, resume, and the seed's bug for contrast.
+
+Faults are declared up front (``KillPlan``) and each test asserts the fault really fired, so a
+test cannot pass by not injecting anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import ray
+
+from ledger import Ledger
+from orchestrator.config import RunConfig
+from orchestrator.driver import JobOptions, TrainingJob, run_job
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+def small_config(run_id: str, **overrides) -> RunConfig:
+    fields = dict(
+        run_id=run_id, num_rollout=10, rollout_batch_size=8, n_samples_per_prompt=4,
+        save_interval=100, heartbeat_timeout_s=5.0,
+    )
+    fields.update(overrides)
+    return RunConfig(**fields)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def committed_versions(ledger: Ledger, run_id: str) -> list[int]:
+    return [e.version for e in ledger.events(run_id) if e.kind == "weight_committed"]
+
+
+@dataclass
+class KillPlan:
+    """Kill the publisher's worker process with ``sig`` after training step ``at_step``."""
+
+    at_step: int
+    sig: int = signal.SIGKILL
+    fired: list[tuple[int, str, int]] = field(default_factory=list)  # (step, cell, pid)
+
+    def __call__(self, job: TrainingJob, step: int) -> None:
+        if step != self.at_step or self.fired:
+            return
+        publisher = job.cells.publisher
+        pid = ray.get(job.cells.actor(publisher).pid.remote())
+        os.kill(pid, self.sig)
+        self.fired.append((step, publisher, pid))
+
+
+def test_killing_the_publisher_mid_run_fails_over_without_a_gap(tmp_path: Path):
+    plan = KillPlan(at_step=3)
+    result = run_job(small_config("kill-publisher"),
+                     JobOptions(runs_dir=tmp_path, progress=False, plot=False, on_step=plan))
+
+    assert plan.fired, "the publisher was never killed"
+    killed_step, killed_cell, _ = plan.fired[0]
+    with Ledger.open(result.ledger_url, readonly=True) as ledger:
+        events = list(ledger.events("kill-publisher"))
+        versions = committed_versions(ledger, "kill-publisher")
+        report = ledger.verify("kill-publisher")
+    promotions = [e for e in events if e.kind == "cell_promoted"]
+    assert [p.payload["reason"] for p in promotions] == ["start", "failover"]
+    assert promotions[1].cell_id != killed_cell
+    assert promotions[1].payload["previous_cell"] == killed_cell
+    errored = [e for e in events if e.kind == "cell_state" and e.payload["state"] == "errored"]
+    assert [e.cell_id for e in errored] == [killed_cell]
+    assert versions == list(range(1, len(versions) + 1))
+    assert len(versions) >= 10  # the run went on to the end after the kill
+    metrics = read_metrics(result.metrics_path)
+    assert len(metrics) == 10
+    assert all(m["rollout/fully_async/negative_staleness_total"] == 0 for m in metrics)
+    assert all(lag >= 0 for m in metrics
+               for lag in map(int, m["rollout/fully_async/staleness_hist"]))
+    assert [m["weight_version"] for m in metrics] == sorted(m["weight_version"] for m in metrics)
+    assert report.ok, report.problems
+    assert result.ok
+
+
+def test_resume_from_a_checkpoint_older_than_the_head_continues_at_head_plus_one(
+    tmp_path: Path,
+):
+    first = run_job(small_config("resumable", num_rollout=8, save_interval=3),
+                    JobOptions(runs_dir=tmp_path, progress=False, plot=False))
+    with Ledger.open(first.ledger_url, readonly=True) as ledger:
+        head_before = ledger.head("resumable")
+        checkpoints = [e for e in ledger.events("resumable") if e.kind == "checkpoint_saved"]
+    newest_checkpoint = checkpoints[-1].payload
+    assert newest_checkpoint["version"] < head_before.version  # older than the head
+
+    second = run_job(small_config("resumable", num_rollout=10, save_interval=3),
+                     JobOptions(runs_dir=tmp_path, progress=False, plot=False, resume=True))
+
+    with Ledger.open(second.ledger_url, readonly=True) as ledger:
+        events = list(ledger.events("resumable", start_seq=head_before.seq + 1))
+        versions = committed_versions(ledger, "resumable")
+        report = ledger.verify("resumable")
+    resumed = next(e for e in events if e.kind == "run_resumed")
+    assert resumed.payload == {
+        "checkpoint_step": newest_checkpoint["train_step"],
+        "checkpoint_version": newest_checkpoint["version"],
+        "head_version": head_before.version,
+    }
+    promotion = next(e for e in events if e.kind == "cell_promoted")
+    assert promotion.payload["reason"] == "resume" and promotion.epoch == head_before.epoch + 1
+    first_new_commit = next(e for e in events if e.kind == "weight_committed")
+    assert first_new_commit.version == head_before.version + 1
+    assert versions == list(range(1, len(versions) + 1))
+    assert report.ok, report.problems
+    steps = [m["step"] for m in read_metrics(second.metrics_path)]
+    assert steps[-(10 - newest_checkpoint["train_step"]):] == list(
+        range(newest_checkpoint["train_step"] + 1, 11)
+    )
+
+
+class InMemoryVersionCounter:
+    """Test double of the seed's bug: each cell counts its own versions from 0, and the
+    rollout side takes whatever the newest publisher says (miles only warned under indep-dp)."""
+
+    def __init__(self) -> None:
+        self.per_cell: dict[str, int] = {}
+        self.rollout_version = 0
+        self.history: list[int] = []
+
+    def publish(self, cell_id: str) -> None:
+        self.per_cell[cell_id] = self.per_cell.get(cell_id, 0) + 1
+        self.rollout_version = self.per_cell[cell_id]
+        self.history.append(self.rollout_version)
+
+
+def test_the_same_kill_sends_an_in_memory_counter_backwards_but_not_the_ledger(
+    tmp_path: Path,
+):
+    plan = KillPlan(at_step=4)
+    counter = InMemoryVersionCounter()
+    ledger_versions: list[int] = []
+
+    def observe(job: TrainingJob, step: int) -> None:
+        head = job.ledger.head(job.run_id)
+        counter.publish(head.publisher_cell)  # one publish per step, by the ledger's publisher
+        ledger_versions.append(head.version)
+        plan(job, step)
+
+    run_job(small_config("contrast", num_rollout=9),
+            JobOptions(runs_dir=tmp_path, progress=False, plot=False, on_step=observe))
+
+    assert plan.fired
+    drops = [(a, b) for a, b in zip(counter.history, counter.history[1:]) if b < a]
+    assert drops, counter.history  # e.g. 5 -> 1 after the failover: negative staleness
+    assert ledger_versions == sorted(ledger_versions)
+    assert len(set(ledger_versions)) == len(ledger_versions)
