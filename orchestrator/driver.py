@@ -103,15 +103,18 @@ def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
     """
     run_id = config.run_id or new_run_id()
     run_dir = Path(options.runs_dir) / run_id
-    ledger_url = config.db or f"sqlite:///{run_dir / 'ledger.db'}"
-    config = config.model_copy(update={"run_id": run_id, "db": ledger_url})
+    default_ledger = run_dir / "ledger.db"
     if config.rollout_batch_size < config.num_cells:
         raise StartupError(
             f"rollout_batch_size {config.rollout_batch_size} cannot feed {config.num_cells} "
             "cells: every cell needs at least one group per step"
         )
-    if not options.resume and config.db is None and (run_dir / "ledger.db").exists():
+    if not options.resume and config.db is None and default_ledger.exists():
         raise StartupError(f"run {run_id} already exists in {run_dir}; pass --resume")
+    # Before the ledger is touched, so a job that cannot start writes nothing.
+    launch.check_cpu_budget(config, options.ray_address)
+    ledger_url = config.db or f"sqlite:///{default_ledger}"
+    config = config.model_copy(update={"run_id": run_id, "db": ledger_url})
     ledger = Ledger.open(ledger_url)
     try:
         launch.init_ray(config, options.ray_address)
@@ -236,7 +239,7 @@ class TrainingJob:
                 # A restarted engine holds version-0 weights: it is updated before it serves.
                 version = self.cells.update_weights(list(self.engines.values()), self.manager)
             for engine_id in restarted:
-                ray.get(self.manager.replace_engine.remote(engine_id, self.engines[engine_id]))
+                self._call_manager("replace_engine", engine_id, self.engines[engine_id])
             if (step + 1) % config.save_interval == 0 and not last:
                 self.save_checkpoint(step + 1)
             if config.sync and not last:
@@ -267,9 +270,29 @@ class TrainingJob:
             except RayActorError as exc:
                 if isinstance(exc, RayTaskError):  # the manager raised: not its death
                     raise
-                logger.warning("rollout manager lost (%s); replacing it", type(exc).__name__)
-                self.replace_manager()
+                if not self._manager_alive():  # else it was replaced since this request
+                    logger.warning("rollout manager lost (%s); replacing it",
+                                   type(exc).__name__)
+                    self.replace_manager()
                 pending = self.manager.generate.remote(step)
+
+    def _manager_alive(self) -> bool:
+        try:
+            ray.get(self.manager.get_weight_version.remote(), timeout=60)
+        except RayActorError:
+            return False
+        return True
+
+    def _call_manager(self, method: str, *args: Any) -> Any:
+        """Call the rollout manager; if it is dead, replace it and call the new one once."""
+        try:
+            return ray.get(getattr(self.manager, method).remote(*args))
+        except RayActorError as exc:
+            if isinstance(exc, RayTaskError):
+                raise
+            logger.warning("rollout manager lost (%s); replacing it", type(exc).__name__)
+            self.replace_manager()
+            return ray.get(getattr(self.manager, method).remote(*args))
 
     def replace_manager(self) -> None:
         """Start a new rollout manager over the current engines and restore the newest saved
@@ -325,7 +348,7 @@ class TrainingJob:
     def save_checkpoint(self, train_step: int) -> None:
         path = self.checkpoint_dir / f"step-{train_step:06d}.pt"
         self.cells.save_checkpoint(str(path))
-        ray.get(self.manager.save.remote(str(self._manager_state_path(train_step))))
+        self._call_manager("save", str(self._manager_state_path(train_step)))
 
     def _manager_state_path(self, train_step: int) -> Path:
         return self.checkpoint_dir / f"rollout-step-{train_step:06d}.json"
@@ -373,7 +396,7 @@ class TrainingJob:
 
     def finish(self) -> JobResult:
         """Record ``run_finished``, audit the ledger, draw the plot, and summarise."""
-        manager_metrics = ray.get(self.manager.metrics.remote())
+        manager_metrics = self._call_manager("metrics")
         negative = int(manager_metrics.get(STALENESS_PREFIX + "negative_staleness_total", 0))
         self.ledger.append(self.run_id, "run_finished", {
             "steps": self.config.num_rollout,
