@@ -16,6 +16,7 @@ from orchestrator.config import RunConfig
 __all__ = [
     "ActorBudget",
     "StartupError",
+    "check_cpu_budget",
     "create_cell",
     "create_engine",
     "create_rollout_manager",
@@ -70,12 +71,33 @@ def init_ray(config: RunConfig, address: str | None = None) -> None:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise StartupError(f"cannot join the Ray cluster at {address}: {exc}") from None
-    available = float(ray.cluster_resources().get("CPU", 0.0))
+    _check_budget(budget, float(ray.cluster_resources().get("CPU", 0.0)))
+
+
+def check_cpu_budget(config: RunConfig, address: str | None = None) -> None:
+    """Fail fast, before anything is written, if the run's actors cannot fit.
+
+    Checks against the running Ray cluster if there is one, else against this machine's CPUs
+    (what a local cluster gets); a cluster to be joined at ``address`` is checked on joining.
+
+    Raises:
+        StartupError: the actors need more CPUs than there are.
+    """
+    import ray
+
+    budget = ActorBudget(config.num_cells, config.num_engines)
+    if ray.is_initialized():
+        _check_budget(budget, float(ray.cluster_resources().get("CPU", 0.0)))
+    elif address is None:
+        _check_budget(budget, float(os.cpu_count() or 1))
+
+
+def _check_budget(budget: ActorBudget, available: float) -> None:
     if budget.cpus > available:
         raise StartupError(
-            f"{config.num_cells} cells and {config.num_engines} engines need "
-            f"{budget.cpus:g} CPUs ({CELL_CPUS:g} each, plus {MANAGER_CPUS:g} for the rollout "
-            f"manager); the Ray cluster has {available:g}"
+            f"{budget.cells} cells and {budget.engines} engines need {budget.cpus:g} CPUs "
+            f"({CELL_CPUS:g} each, plus {MANAGER_CPUS:g} for the rollout manager); "
+            f"the Ray cluster has {available:g}"
         )
 
 
