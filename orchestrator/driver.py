@@ -43,6 +43,7 @@ PLOT_FILE = "run.png"
 STALENESS_PREFIX = "rollout/fully_async/"
 
 StepHook = Callable[["TrainingJob", int], None]
+EngineFactory = Callable[[RunConfig, str], Any]
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ class JobOptions:
     """How to run a job (as opposed to what to train: that is the RunConfig).
 
     ``on_step(job, step)`` runs after each step's metrics are written: tests and drills use it
-    to observe the job or to act on its processes from outside.
+    to observe the job or to act on its processes from outside. ``engine_factory`` builds one
+    rollout engine actor (benchmarks pass one that models generation on its own accelerator).
     """
 
     resume: bool = False
@@ -59,6 +61,7 @@ class JobOptions:
     progress: bool = True
     plot: bool = True
     on_step: StepHook | None = None
+    engine_factory: EngineFactory = launch.create_engine
 
 
 @dataclass
@@ -180,7 +183,7 @@ class TrainingJob:
 
     def start_engines(self) -> None:
         self.engines = {
-            f"engine-{i}": launch.create_engine(self.config, f"engine-{i}")
+            f"engine-{i}": self.options.engine_factory(self.config, f"engine-{i}")
             for i in range(self.config.num_engines)
         }
         ray.get([engine.health.remote() for engine in self.engines.values()])
@@ -228,16 +231,21 @@ class TrainingJob:
             self.step = step
             step_started = time.monotonic()
             output: RolloutFnTrainOutput = self._await_batch(pending, step)
+            timings = {"time/drain_wait_s": time.monotonic() - step_started}
             last = step + 1 == config.num_rollout
             if not config.sync and not last:
                 pending = self.manager.generate.remote(step + 1)
             self._maintain_cells()
+            train_started = time.monotonic()
             train_metrics = self.cells.train_step(output.samples)
+            timings["time/train_s"] = time.monotonic() - train_started
             restarted = self._restart_dead_engines()
             version = None
             if restarted or (step + 1) % config.update_weights_interval == 0 or last:
                 # A restarted engine holds version-0 weights: it is updated before it serves.
+                update_started = time.monotonic()
                 version = self.cells.update_weights(list(self.engines.values()), self.manager)
+                timings["time/update_weights_s"] = time.monotonic() - update_started
             for engine_id in restarted:
                 self._call_manager("replace_engine", engine_id, self.engines[engine_id])
             if (step + 1) % config.save_interval == 0 and not last:
@@ -245,6 +253,7 @@ class TrainingJob:
             if config.sync and not last:
                 pending = self.manager.generate.remote(step + 1)
             record = self._step_record(step, output, train_metrics, version, step_started)
+            record.update({key: round(value, 4) for key, value in timings.items()})
             self._write_metrics(record)
             bar.update(record)
             if self.options.on_step is not None:
@@ -331,7 +340,7 @@ class TrainingJob:
                 ray.kill(self.engines[engine_id], no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
-            self.engines[engine_id] = launch.create_engine(self.config, engine_id)
+            self.engines[engine_id] = self.options.engine_factory(self.config, engine_id)
         if dead:
             ray.get([self.engines[engine_id].health.remote() for engine_id in dead])
             self.engine_restarts += len(dead)
