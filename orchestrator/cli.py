@@ -98,6 +98,80 @@ def run_command(
         sys.exit(EXIT_FAILED)
 
 
+@cli.command("drill")
+@click.option("--scenario", "scenarios", multiple=True, required=True,
+              help="A drill scenario, or 'all'; repeat the option for several.")
+@click.option("--db", default=None,
+              help="Ledger URL for every drill (default: one SQLite file per drill).")
+@click.option("--seed", type=int, default=None,
+              help="Chaos mode: draw fault steps and points from this seed (reproducible).")
+@click.option("--repeat", type=int, default=1, show_default=True,
+              help="Run each scenario K times (chaos mode: fresh draws each time).")
+@click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs/drills"),
+              show_default=True, help="Where each drill's run directory goes.")
+@click.option("--ray-address", default=None, help="Join this Ray cluster instead of starting one.")
+def drill_command(scenarios: tuple[str, ...], db: str | None, seed: int | None, repeat: int,
+                  runs_dir: Path, ray_address: str | None) -> None:
+    """Inject real faults into short runs and check the ledger's invariants (exit 1 if any
+    drill fails)."""
+    from orchestrator.drills import DrillError, DrillOptions, plan_drills, run_drills
+
+    try:
+        plans = plan_drills(list(scenarios), seed=seed, repeat=repeat)
+    except DrillError as exc:
+        raise UserError(str(exc)) from None
+    options = DrillOptions(runs_dir=runs_dir, db=db, ray_address=ray_address,
+                           seed=seed if seed is not None else DrillOptions.seed)
+    table = _DrillTable()
+    try:
+        results = run_drills(plans, options, on_result=table.add)
+    except DrillError as exc:
+        raise UserError(str(exc)) from None
+    table.print()
+    if not all(result.passed for result in results):
+        sys.exit(EXIT_FAILED)
+
+
+class _DrillTable:
+    """The verdict table: one row per drill, problems of failed drills below it."""
+
+    def __init__(self) -> None:
+        from rich.table import Table
+
+        self.table = Table(title="recovery drills")
+        for column in ("scenario", "fault point", "step", "recover s", "versions",
+                       "neg. staleness", "groups lost", "verdict"):
+            self.table.add_column(column)
+        self.failures: list[tuple[str, list[str]]] = []
+
+    def add(self, result) -> None:
+        plan = result.plan
+        self.table.add_row(
+            plan.scenario, plan.point, str(plan.step + 1),
+            "-" if result.recover_s is None else f"{result.recover_s:.2f}",
+            f"{result.version_before} -> {result.version_after}",
+            _dash(result.negative_staleness), _dash(result.groups_lost),
+            "[green]pass[/green]" if result.passed else "[red]FAIL[/red]",
+        )
+        if not result.passed:
+            self.failures.append((f"{plan.scenario} ({result.run_id})", result.problems))
+
+    def print(self) -> None:
+        from rich.console import Console
+
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=150)  # a log file or pipe: do not truncate the columns
+        console.print(self.table)
+        for name, problems in self.failures:
+            for problem in problems[:10]:
+                console.print(f"[red]{name}:[/red] {problem}", markup=True, highlight=False)
+
+
+def _dash(value) -> str:
+    return "-" if value is None else str(value)
+
+
 def _print_summary(result) -> None:
     from rich.console import Console
     from rich.table import Table

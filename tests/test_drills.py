@@ -1,0 +1,201 @@
+"""Recovery drills on real processes: faults fire, the run recovers, the checker agrees.
+
+CI runs a fast subset (three SQLite drills, the database outage and the zombie on PostgreSQL,
+and two drills that must go red); ``make drills`` runs the whole matrix on both backends.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+import pytest
+import ray
+
+from ledger import Ledger
+from orchestrator import launch, nemesis
+from orchestrator.driver import TrainingJob
+from orchestrator.drills import (
+    SCENARIOS,
+    DrillError,
+    DrillOptions,
+    DrillResult,
+    FaultPlan,
+    plan_drills,
+    run_drill,
+)
+from orchestrator.engine_pool import RayEnginePool
+from orchestrator.rollout_manager import RolloutManager
+
+FAST_SQLITE = ["kill-publisher-mid-train", "kill-publisher-after-commit", "kill-engine"]
+FAST_POSTGRES = ["database-outage", "zombie-publisher"]
+
+
+def drill(scenario: str, tmp_path: Path, db: str | None = None, **options) -> DrillResult:
+    [plan] = plan_drills([scenario])
+    return run_drill(plan, DrillOptions(runs_dir=tmp_path / "runs", db=db, **options))
+
+
+def assert_passed_and_recorded(result: DrillResult) -> None:
+    assert result.passed, result.problems
+    assert result.recover_s is not None and result.recover_s >= 0
+    assert result.version_after > result.version_before >= 1
+    assert result.negative_staleness == 0 and result.groups_lost == 0
+    ledger = Ledger.open(result.ledger_url, readonly=True)
+    try:
+        kinds = [e.kind for e in ledger.events(result.run_id)]
+        verdicts = [e.payload for e in ledger.events(result.run_id) if e.kind == "drill_verdict"]
+        assert ledger.verify(result.run_id).ok
+    finally:
+        ledger.close()
+    assert kinds.index("drill_started") < kinds.index("fault_injected") < kinds.index(
+        "drill_verdict")
+    assert verdicts[-1]["scenario"] == result.plan.scenario
+    assert verdicts[-1]["verdict"] == "pass"
+
+
+# ----------------------------------------------------------------------------- planning
+
+def test_chaos_plans_are_reproducible_from_the_seed() -> None:
+    first = plan_drills(["all"], seed=7, repeat=3)
+    again = plan_drills(["all"], seed=7, repeat=3)
+    other = plan_drills(["all"], seed=8, repeat=3)
+
+    assert first == again
+    assert first != other
+    assert len(first) == 3 * len(SCENARIOS)
+    for plan in first:
+        assert plan.step in SCENARIOS[plan.scenario].steps
+        assert plan.point in SCENARIOS[plan.scenario].points
+
+
+def test_unknown_scenario_is_a_drill_error() -> None:
+    with pytest.raises(DrillError, match="unknown scenario 'kill-everything'"):
+        plan_drills(["kill-everything"])
+
+
+def test_cli_rejects_an_unknown_scenario_in_one_line(capsys) -> None:
+    from orchestrator.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["drill", "--scenario", "kill-everything"])
+
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.count("\n") == 1 and "unknown scenario" in err and "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------- CI subset
+
+@pytest.mark.ray
+@pytest.mark.parametrize("scenario", FAST_SQLITE)
+def test_drill_recovers_on_sqlite(ray_cluster, tmp_path: Path, scenario: str) -> None:
+    result = drill(scenario, tmp_path)
+
+    assert_passed_and_recorded(result)
+    if scenario == "kill-publisher-after-commit":
+        assert result.detail["committed"] == result.version_before  # committed, then killed
+    if scenario == "kill-engine":
+        assert result.detail["engine_restarts"] == 1
+
+
+@pytest.mark.ray
+@pytest.mark.postgres
+@pytest.mark.parametrize("scenario", FAST_POSTGRES)
+def test_drill_recovers_on_postgres(ray_cluster, tmp_path: Path, pg_url: str,
+                                    scenario: str) -> None:
+    result = drill(scenario, tmp_path, db=pg_url)
+
+    assert_passed_and_recorded(result)
+    if scenario == "database-outage":
+        assert result.detail["backend"] == "postgresql"
+        assert result.detail["outage_s"] >= result.plan.hold_s
+    if scenario == "zombie-publisher":
+        assert result.detail["zombie_attempts"]["commit"] == "FencedError"
+        assert result.detail["zombie_attempts"]["transfer"] == "StaleEpochError"
+
+
+# ----------------------------------------------------------------------------- drills can fail
+
+@pytest.mark.ray
+def test_a_drill_whose_fault_never_fires_fails(ray_cluster, tmp_path: Path,
+                                               monkeypatch) -> None:
+    real = SCENARIOS["kill-follower"]
+    idle = nemesis.Scenario(real.name, real.points, real.steps, lambda drill, job: None,
+                            real.expect)
+    monkeypatch.setitem(SCENARIOS, "kill-follower", idle)
+
+    result = drill("kill-follower", tmp_path)
+
+    assert not result.passed
+    assert result.problems[0] == "the fault never fired"
+
+
+class PushCountingRolloutManager(RolloutManager):
+    """The planted bug: the version is an in-memory count of pushes, never the ledger's."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._weight_version = 0
+
+    def set_weight_version(self, version: int) -> int:
+        self._weight_version += 1
+        return self._weight_version
+
+    def _read_ledger_head(self) -> int:
+        return self._weight_version
+
+
+class PushCountingJob(TrainingJob):
+    """A driver whose rollout manager counts pushes (test double, not a production flag)."""
+
+    def start_rollouts(self, first_step: int) -> None:
+        make_prompt = functools.partial(launch._make_prompt, self.config.seed)
+        actor = ray.remote(num_cpus=launch.MANAGER_CPUS)(PushCountingRolloutManager)
+        self.manager = actor.remote(self.ledger_url, self.run_id, self.config, make_prompt,
+                                    RayEnginePool(self.engines))
+
+
+@pytest.mark.ray
+def test_a_version_counter_instead_of_the_ledger_turns_the_drill_red(ray_cluster,
+                                                                     tmp_path: Path) -> None:
+    # The publisher dies after its commit and before its push: the counter falls behind the
+    # engines for good, so every new group has negative staleness.
+    result = drill("kill-publisher-after-commit", tmp_path, job_class=PushCountingJob,
+                   deadline_s=45)
+
+    assert not result.passed
+    assert any(re.search(r"negative staleness counted (so far: )?[1-9]", p)
+               for p in result.problems), result.problems
+
+
+# ----------------------------------------------------------------------------- the matrix
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_matrix_on_sqlite(ray_cluster, tmp_path: Path, scenario: str) -> None:
+    assert_passed_and_recorded(drill(scenario, tmp_path))
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.postgres
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_matrix_on_postgres(ray_cluster, tmp_path: Path, pg_url: str, scenario: str) -> None:
+    assert_passed_and_recorded(drill(scenario, tmp_path, db=pg_url))
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_chaos_mode_on_sqlite(ray_cluster, tmp_path: Path) -> None:
+    options = DrillOptions(runs_dir=tmp_path / "runs")
+    for plan in plan_drills(["kill-publisher-mid-train", "kill-engine", "kill-follower"],
+                            seed=11, repeat=2):
+        assert_passed_and_recorded(run_drill(plan, options))
+
+
+def test_fault_plan_is_declared_up_front() -> None:
+    plan = FaultPlan("kill-engine", step=3, point="between-steps")
+    assert (plan.scenario, plan.step, plan.point) == ("kill-engine", 3, "between-steps")
