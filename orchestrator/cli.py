@@ -186,14 +186,16 @@ def _print_summary(result) -> None:
     table.add_row("negative staleness", str(result.negative_staleness_total))
     table.add_row("audit", "clean" if not result.audit_problems
                   else f"{len(result.audit_problems)} problems")
-    table.add_row("ledger", result.ledger_url)
-    table.add_row("metrics", str(result.metrics_path))
-    table.add_row("plot", str(result.plot_path) if result.plot_path else "-")
     console = Console()
     console.print(table)
+    # Paths go on lines of their own, never wrapped, so they can be copied or grepped.
+    console.print(f"ledger:  {result.ledger_url}", soft_wrap=True, highlight=False)
+    console.print(f"metrics: {result.metrics_path}", soft_wrap=True, highlight=False)
+    console.print(f"plot:    {result.plot_path or '-'}", soft_wrap=True, highlight=False)
     for problem in result.audit_problems[:20]:
-        console.print(f"[red]audit:[/red] {problem}")
-    console.print(f"audit it: ledger --db {result.ledger_url} verify")
+        console.print(f"[red]audit:[/red] {problem}", soft_wrap=True)
+    console.print(f"audit it: ledger --db {result.ledger_url} verify", soft_wrap=True,
+                  highlight=False)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -65,7 +65,7 @@ class RunConfig(BaseModel):
     num_engines: int = Field(default=2, ge=1)
 
     # Schedule.
-    num_rollout: int = Field(default=40, ge=1, description="training steps")
+    num_rollout: int = Field(default=100, ge=1, description="training steps")
     update_weights_interval: int = Field(default=1, ge=1)
     save_interval: int = Field(default=10, ge=1)
     seed: int = Field(default=1234, ge=0)

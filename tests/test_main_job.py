@@ -158,3 +158,31 @@ def test_the_same_kill_sends_an_in_memory_counter_backwards_but_not_the_ledger(
     assert drops, counter.history  # e.g. 5 -> 1 after the failover: negative staleness
     assert ledger_versions == sorted(ledger_versions)
     assert len(set(ledger_versions)) == len(ledger_versions)
+
+
+def test_the_default_job_learns_and_leaves_ledger_metrics_and_plot(tmp_path: Path):
+    config = RunConfig(run_id="learns", num_rollout=60)  # the defaults of `make run`, shorter
+
+    result = run_job(config, JobOptions(runs_dir=tmp_path, progress=False))
+
+    assert result.ok, result.audit_problems
+    assert result.reward_last >= result.reward_first + 0.2, (result.reward_first,
+                                                            result.reward_last)
+    assert result.head_version == 60
+    assert len(read_metrics(result.metrics_path)) == 60
+    assert result.plot_path is not None and result.plot_path.read_bytes()[:4] == b"\x89PNG"
+    assert result.ledger_url == f"sqlite:///{tmp_path / 'learns' / 'ledger.db'}"
+
+
+def test_orchestrator_run_prints_where_everything_is(tmp_path: Path, capsys):
+    from orchestrator.cli import main
+
+    main(["run", "--run-id", "cli-run", "--num-rollout", "4", "--rollout-batch-size", "4",
+          "--runs-dir", str(tmp_path), "--no-progress"])  # returns: exit code 0
+
+    out = capsys.readouterr().out
+    run_dir = tmp_path / "cli-run"
+    for artefact in ("ledger.db", "metrics.jsonl", "run.png"):
+        assert (run_dir / artefact).is_file()
+        assert artefact in out
+    assert "clean" in out
