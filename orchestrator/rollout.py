@@ -162,11 +162,7 @@ class FullyAsyncRolloutFn:
         stay buffered. This is the synchronous baseline's between-steps state.
         """
         task, self._producer = self._producer, None
-        if task is None or task.done():
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        await _cancel(task)
 
     async def stop(self) -> None:
         """Cancel the producer and its generations; in-flight prompts go back to pending.
@@ -174,12 +170,7 @@ class FullyAsyncRolloutFn:
         Safe to call twice, or before :meth:`start`. A later drain raises ProducerDiedError.
         """
         self._stopped = True
-        task = self._producer
-        if task is None or task.done():
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        await _cancel(self._producer)
 
     # ----------------------------------------------------------------- producer
 
@@ -319,6 +310,15 @@ class FullyAsyncRolloutFn:
         raise ProducerDiedError(
             f"rollout producer died: {type(error).__name__}: {error}"
         ) from error
+
+
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    """Cancel ``task`` (if running) and wait until it has unwound."""
+    if task is None or task.done():
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
 
 
 def _log_producer_exit(task: asyncio.Task[None]) -> None:

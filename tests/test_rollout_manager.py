@@ -239,3 +239,29 @@ def test_manager_as_ray_actor_refuses_regression_and_follows_the_ledger(ray_clus
     assert second.metrics[M + "weight_version"] == 58
     assert metrics["rollout_manager/version_regressions_refused"] == 1
     assert metrics["rollout_manager/prompts_unaccounted"] == 0
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_sync_mode_generates_only_while_a_drain_waits(sqlite_url, sync: bool):
+    build_ledger(sqlite_url, RUN, commits=0)
+    pool = FakeEnginePool(version=0)
+    manager = make_manager(sqlite_url, pool, sync=sync)
+
+    async def scenario():
+        first = await manager.generate(0)
+        calls_after_drain = len(pool.calls)
+        await settle(200)  # the trainer's turn: an async producer keeps generating meanwhile
+        calls_between_steps = len(pool.calls) - calls_after_drain
+        second = await manager.generate(1)
+        await manager.shutdown()
+        return first, second, calls_between_steps
+
+    first, second, calls_between_steps = run_async(scenario)
+
+    assert len(first.samples) == len(second.samples) == 4
+    if sync:
+        assert calls_between_steps == 0
+    else:
+        assert calls_between_steps > 0
+    accounting = manager.accounting()
+    assert accounting.unaccounted == 0
