@@ -104,8 +104,9 @@ def test_drill_recovers_on_sqlite(ray_cluster, tmp_path: Path, scenario: str) ->
 @pytest.mark.postgres
 @pytest.mark.parametrize("scenario", FAST_POSTGRES)
 def test_drill_recovers_on_postgres(ray_cluster, tmp_path: Path, pg_url: str,
-                                    scenario: str) -> None:
+                                    pg_admin_engine, scenario: str) -> None:
     result = drill(scenario, tmp_path, db=pg_url)
+    pg_admin_engine.dispose()  # its pooled connections did not survive a server restart
 
     assert_passed_and_recorded(result)
     if scenario == "database-outage":
@@ -132,38 +133,51 @@ def test_a_drill_whose_fault_never_fires_fails(ray_cluster, tmp_path: Path,
     assert result.problems[0] == "the fault never fired"
 
 
-class PushCountingRolloutManager(RolloutManager):
-    """The planted bug: the version is an in-memory count of pushes, never the ledger's."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._weight_version = 0
+class TrustingRolloutManager(RolloutManager):
+    """Half of the planted bug: takes any pushed version and never reads the ledger."""
 
     def set_weight_version(self, version: int) -> int:
-        self._weight_version += 1
-        return self._weight_version
+        self._weight_version = version
+        return version
 
     def _read_ledger_head(self) -> int:
         return self._weight_version
 
 
-class PushCountingJob(TrainingJob):
-    """A driver whose rollout manager counts pushes (test double, not a production flag)."""
+class InMemoryCounterJob(TrainingJob):
+    """The other half (the seed's bug, miles-style): the driver counts its own publishes and
+    pushes that count; a new publisher after a failover starts counting from 1 again. A test
+    double built by subclassing, not a flag in production code."""
 
     def start_rollouts(self, first_step: int) -> None:
         make_prompt = functools.partial(launch._make_prompt, self.config.seed)
-        actor = ray.remote(num_cpus=launch.MANAGER_CPUS)(PushCountingRolloutManager)
+        actor = ray.remote(num_cpus=launch.MANAGER_CPUS)(TrustingRolloutManager)
         self.manager = actor.remote(self.ledger_url, self.run_id, self.config, make_prompt,
                                     RayEnginePool(self.engines))
+
+    def start_cells(self) -> None:
+        super().start_cells()
+        cells, publish = self.cells, self.cells.update_weights
+        counter = {"count": 0, "promotions": cells.events.promotions}
+
+        def update_weights_with_counter(engines, rollout_manager=None):
+            version = publish(engines, None)
+            if cells.events.promotions != counter["promotions"]:  # a new publisher: from 1
+                counter.update(count=0, promotions=cells.events.promotions)
+            counter["count"] += 1
+            ray.get(self.manager.set_weight_version.remote(counter["count"]))
+            return version
+
+        cells.update_weights = update_weights_with_counter
 
 
 @pytest.mark.ray
 def test_a_version_counter_instead_of_the_ledger_turns_the_drill_red(ray_cluster,
                                                                      tmp_path: Path) -> None:
-    # The publisher dies after its commit and before its push: the counter falls behind the
-    # engines for good, so every new group has negative staleness.
-    result = drill("kill-publisher-after-commit", tmp_path, job_class=PushCountingJob,
-                   deadline_s=45)
+    # After the failover the counter restarts at 1 while engines serve the ledger's v5+: the
+    # staleness of new groups goes negative, which the checker (or the deadline) reports.
+    result = drill("kill-publisher-after-commit", tmp_path, job_class=InMemoryCounterJob,
+                   deadline_s=30)
 
     assert not result.passed
     assert any(re.search(r"negative staleness counted (so far: )?[1-9]", p)
