@@ -174,7 +174,8 @@ def _jsonable(value: Any) -> bool:
 def plan_drills(names: list[str], seed: int | None = None, repeat: int = 1) -> list[FaultPlan]:
     """The drills to run: ``names`` (or ``["all"]``) x ``repeat``.
 
-    Without a seed and with ``repeat == 1``, each scenario at its first step and point. With a
+    Without a seed and with ``repeat == 1``, each scenario at its default step (its second
+    allowed one, so a checkpoint and some history exist) and its first point. With a
     seed or repeats (chaos mode), steps, points, kill delays and outage lengths are drawn from
     ``random.Random(seed)``: the same seed gives the same plans.
 

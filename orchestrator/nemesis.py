@@ -57,8 +57,8 @@ class FaultPlan:
     """The declared schedule of one drill.
 
     ``step`` is the 0-based step after which the nemesis acts (``mid-train`` lands inside the
-    next step's training). ``delay_s`` is how far into that training step; ``hold_s`` is how
-    long a database outage lasts.
+    next step's training). ``delay_s`` is how long after the publisher is seen computing in
+    that step the kill lands; ``hold_s`` is how long a database outage lasts.
     """
 
     scenario: str
