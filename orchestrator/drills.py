@@ -196,7 +196,7 @@ def plan_drills(names: list[str], seed: int | None = None, repeat: int = 1) -> l
     rng = random.Random(seed if seed is not None else 0)
     return [
         FaultPlan(n, rng.choice(SCENARIOS[n].steps), rng.choice(SCENARIOS[n].points),
-                  delay_s=round(rng.uniform(0.0, 0.02), 3),
+                  delay_s=round(rng.uniform(0.0, 0.005), 4),
                   hold_s=round(rng.uniform(3.0, 8.0), 1))
         for _ in range(repeat) for n in names
     ]

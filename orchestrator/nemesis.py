@@ -156,30 +156,39 @@ def _kill_publisher_between_update_steps(drill: _Drill, job: TrainingJob) -> Non
     cells.update_weights = update_weights_with_fault
 
 
+MID_TRAIN_ATTEMPTS = 5  # training steps the nemesis may wait for one it can catch
+_COMPUTING_NS = 2_000_000  # CPU time of the worker's main thread that means "in a step"
+
+
 def _kill_publisher_mid_train(drill: _Drill, job: TrainingJob) -> None:
-    """Arm a one-shot wrapper on this job's CellGroup: during the next training step, once
-    the publisher's process is seen computing (its CPU time grows; an idle Ray worker's does
-    not), wait ``delay_s`` and SIGKILL it (the group's own code is untouched)."""
+    """Arm a wrapper on this job's CellGroup: during the next training step, once the
+    publisher's main thread is seen computing (it gains ``_COMPUTING_NS`` of CPU time; an idle
+    Ray worker's main thread gains none), wait ``delay_s`` and SIGKILL it. A step too short to
+    catch is let through and the next one is tried (up to ``MID_TRAIN_ATTEMPTS``), so the
+    kill always lands inside a step. The group's own code is untouched."""
     cell_id, epoch, actor = _publisher(job)
     pid = _pid(actor)
     cells = job.cells
     original = cells.train_step
     in_step = threading.Event()
+    attempts = {"count": 0}
 
-    def kill_soon() -> None:
-        baseline = _cpu_ticks(pid)
-        deadline = time.monotonic() + 5.0
-        while _cpu_ticks(pid) <= baseline and in_step.is_set() and time.monotonic() < deadline:
-            time.sleep(0.001)
+    def kill_when_computing() -> None:
+        baseline = _cpu_ns(pid)
+        while in_step.is_set() and _cpu_ns(pid) - baseline < _COMPUTING_NS:
+            time.sleep(0.0005)
+        if not in_step.is_set():
+            return  # the step ended first: try the next one
         time.sleep(drill.plan.delay_s)
         during = in_step.is_set()
         detect_s = kill_and_wait(actor, pid)
         drill.fired(job, cell=cell_id, epoch=epoch, pid=pid, during_train_step=during,
-                    ray_detect_s=round(detect_s, 3))
+                    steps_watched=attempts["count"], ray_detect_s=round(detect_s, 3))
 
     def train_step_with_fault(groups):
-        cells.train_step = original  # one shot
-        killer = threading.Thread(target=kill_soon, name="drill-nemesis", daemon=True)
+        attempts["count"] += 1
+        killer = threading.Thread(target=kill_when_computing, name="drill-nemesis",
+                                  daemon=True)
         in_step.set()
         killer.start()
         try:
@@ -187,17 +196,19 @@ def _kill_publisher_mid_train(drill: _Drill, job: TrainingJob) -> None:
         finally:
             in_step.clear()
             killer.join()
+            if drill.record.fired or attempts["count"] >= MID_TRAIN_ATTEMPTS:
+                cells.train_step = original
 
     cells.train_step = train_step_with_fault
 
 
-def _cpu_ticks(pid: int) -> int:
-    """User + system CPU ticks of ``pid`` (Linux ``/proc``); 0 if it is gone."""
+def _cpu_ns(pid: int) -> int:
+    """CPU time of ``pid``'s main thread in ns (Linux ``/proc/PID/schedstat``), which is
+    the thread a Ray worker runs its actor's tasks on; 0 if the process is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
         return 0
-    return int(fields[11]) + int(fields[12])
 
 
 def _kill_publisher(drill: _Drill, job: TrainingJob) -> None:
