@@ -54,7 +54,7 @@ from actors.weight_sync import (
     tensors_checksum,
     transfer_weights,
 )
-from ledger import Ledger
+from ledger import FencedError, Ledger
 from orchestrator.types import Group, Sample
 
 __all__ = ["TRAIN_CELL_ACTOR_OPTIONS", "TrainCell", "create_rendezvous_store"]
@@ -342,18 +342,20 @@ class TrainCell:
         """Publish this cell's weights as the next version (DESIGN section 5); returns it.
 
         Precondition: this cell is the publisher at ``epoch``. Runs :meth:`begin_update`,
-        :meth:`transfer`, :meth:`commit`, :meth:`finalize`. If the transfer fails, a
-        ``weight_update_aborted`` is recorded (best effort) and the engines stay paused for the
-        next attempt. Retrying the whole call is safe (every event is idempotent).
+        :meth:`transfer`, :meth:`commit`, :meth:`finalize`. If pausing the engines or the
+        transfer fails, a ``weight_update_aborted`` is recorded (best effort) and the engines
+        stay paused for the next attempt. Retrying the whole call is safe (every event is idempotent).
 
         Raises:
             ledger.FencedError: this cell was superseded; nothing more is written.
             StaleEpochError: an engine has seen a newer epoch.
             TransferError, EngineStateError: the transfer failed; nothing committed.
         """
-        self.begin_update(engines, epoch, ledger_url, run_id)
         try:
+            self.begin_update(engines, epoch, ledger_url, run_id)
             checksum = self.transfer(engines, epoch)
+        except FencedError:
+            raise  # superseded: there is nothing this cell may record
         except Exception as exc:
             self._record_abort(ledger_url, run_id, epoch, f"{type(exc).__name__}: {exc}")
             raise

@@ -27,7 +27,7 @@ from ledger import FencedError, Ledger
 from orchestrator.config import RunConfig
 from orchestrator.types import Sample
 
-__all__ = ["CellGroup", "NoCellAliveError", "StepFailedError"]
+__all__ = ["CellGroup", "EngineLostError", "NoCellAliveError", "StepFailedError"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,11 @@ class StepFailedError(RuntimeError):
 
 class NoCellAliveError(StepFailedError):
     """Every cell is lost: nothing can train or publish."""
+
+
+class EngineLostError(RuntimeError):
+    """A weight update failed because a rollout engine died during it. The publisher is fine
+    and nothing was committed; restart the engine and publish again."""
 
 
 @dataclass
@@ -67,7 +72,16 @@ class CellEvents:
 
 
 def _is_actor_loss(exc: BaseException) -> bool:
+    """True if the actor called is gone or frozen. A ``RayTaskError`` means the actor ran and
+    raised (possibly a Ray error from an actor *it* called, such as a dead engine)."""
+    if isinstance(exc, RayTaskError):
+        return False
     return isinstance(exc, RayActorError | GetTimeoutError)
+
+
+def _is_engine_loss(exc: BaseException) -> bool:
+    """True if a cell's call failed because an engine it talked to is gone."""
+    return isinstance(exc, RayTaskError) and isinstance(exc, RayActorError)
 
 
 class CellGroup:
@@ -342,6 +356,8 @@ class CellGroup:
         promoted and publishes again.
 
         Raises:
+            EngineLostError: an engine died before the commit; the publisher stays, nothing
+                was committed, the other engines stay paused until the next update.
             StepFailedError: ``max_attempts`` attempts failed.
         """
         last_error: BaseException | None = None
@@ -359,6 +375,9 @@ class CellGroup:
             self.events.retried_steps += 1
             logger.warning("weight update attempt %d by %s failed: %s", attempt, publisher,
                            last_error)
+            if _is_engine_loss(last_error):
+                message = f"an engine died during the update: {last_error}"
+                raise EngineLostError(message) from last_error
             if _is_actor_loss(last_error):
                 self.mark_lost(publisher, type(last_error).__name__)
                 self.check_liveness()

@@ -28,7 +28,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from ledger import Ledger, LedgerError
 from orchestrator import launch
-from orchestrator.cells import CellGroup
+from orchestrator.cells import CellGroup, EngineLostError, StepFailedError
 from orchestrator.config import RunConfig
 from orchestrator.launch import StartupError
 from orchestrator.progress import RunProgress
@@ -39,6 +39,7 @@ __all__ = ["JobOptions", "JobResult", "StartupError", "TrainingJob", "new_run_id
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
+_ENGINE_RESTARTS_PER_UPDATE = 3
 PLOT_FILE = "run.png"
 STALENESS_PREFIX = "rollout/fully_async/"
 
@@ -208,7 +209,7 @@ class TrainingJob:
             "checkpoint_version": summary["version"],
             "head_version": head.version,
         })
-        version = self.cells.update_weights(list(self.engines.values()))
+        version = self.publish()
         logger.info("resumed %s from step %d (v%d); published as v%d", self.run_id,
                     summary["train_step"], summary["version"], version)
         self._manager_state_to_load = self._manager_state_path(summary["train_step"])
@@ -242,12 +243,9 @@ class TrainingJob:
             restarted = self._restart_dead_engines()
             version = None
             if restarted or (step + 1) % config.update_weights_interval == 0 or last:
-                # A restarted engine holds version-0 weights: it is updated before it serves.
                 update_started = time.monotonic()
-                version = self.cells.update_weights(list(self.engines.values()), self.manager)
+                version = self.publish(restarted)
                 timings["time/update_weights_s"] = time.monotonic() - update_started
-            for engine_id in restarted:
-                self._call_manager("replace_engine", engine_id, self.engines[engine_id])
             if (step + 1) % config.save_interval == 0 and not last:
                 self.save_checkpoint(step + 1)
             if config.sync and not last:
@@ -272,7 +270,7 @@ class TrainingJob:
             if not ready:
                 if self.cells.check_liveness():
                     self._maintain_cells()
-                    self.cells.update_weights(list(self.engines.values()), self.manager)
+                    self.publish()
                 continue
             try:
                 return ray.get(pending)
@@ -322,6 +320,32 @@ class TrainingJob:
         if saved:
             ray.get(self.manager.load.remote(str(saved[-1])))
         self.manager_replacements += 1
+
+    def publish(self, restarted: list[str] | None = None) -> int:
+        """Publish the publisher's weights to every engine as the next version; returns it.
+
+        An engine that dies during the update is restarted and the update is made again (the
+        first attempt committed nothing). Restarted engines (``restarted``, and any restarted
+        here) are handed to the rollout manager only once they hold the new version: a new
+        engine starts with version-0 weights.
+
+        Raises:
+            StepFailedError: engines kept dying, or the cells could not publish.
+        """
+        restarted = list(restarted or [])
+        for _ in range(_ENGINE_RESTARTS_PER_UPDATE):
+            try:
+                version = self.cells.update_weights(list(self.engines.values()), self.manager)
+                break
+            except EngineLostError as exc:
+                logger.warning("%s; restarting dead engines and publishing again", exc)
+                restarted += self._restart_dead_engines()
+        else:
+            raise StepFailedError("engines kept dying during the weight update")
+        if self.manager is not None:
+            for engine_id in restarted:
+                self._call_manager("replace_engine", engine_id, self.engines[engine_id])
+        return version
 
     def _restart_dead_engines(self) -> list[str]:
         """Replace engines Ray reports dead with new actors (not yet serving); returns their

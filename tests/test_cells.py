@@ -136,3 +136,22 @@ def test_a_healed_cell_rejoins_with_the_survivors_state(cells, ledger, engines):
     states = [(e.cell_id, e.payload["state"]) for e in ledger.events(RUN) if e.kind == "cell_state"]
     assert ("cell-1", "errored") in states and ("cell-1", "healed") in states
     assert ledger.head(RUN).publisher_cell == "cell-0"  # a follower died: no promotion
+
+
+def test_an_engine_dying_before_the_commit_is_not_blamed_on_the_publisher(
+    cells, ledger, engines
+):
+    from orchestrator.cells import EngineLostError
+
+    os.kill(ray.get(engines[1].pid.remote()), signal.SIGKILL)
+    head_before = ledger.head(RUN)
+
+    with pytest.raises(EngineLostError):
+        cells.update_weights(engines)
+
+    assert cells.alive_ids() == ["cell-0", "cell-1"]
+    head = ledger.head(RUN)
+    assert (head.version, head.epoch, head.publisher_cell) == (0, 1, "cell-0")
+    assert head.seq > head_before.seq  # weight_update_started/aborted are on record
+    aborted = [e for e in ledger.events(RUN) if e.kind == "weight_update_aborted"]
+    assert len(aborted) == 1 and aborted[0].cell_id == "cell-0"

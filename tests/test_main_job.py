@@ -186,3 +186,35 @@ def test_orchestrator_run_prints_where_everything_is(tmp_path: Path, capsys):
         assert (run_dir / artefact).is_file()
         assert artefact in out
     assert "clean" in out
+
+
+def test_an_engine_dying_during_a_publish_is_restarted_and_gets_the_new_version(
+    tmp_path: Path,
+):
+    published: list[tuple[int, list[dict]]] = []
+
+    def kill_engine_then_publish(job: TrainingJob, step: int) -> None:
+        if step != 3 or published:
+            return
+        victim = job.engines["engine-1"]
+        os.kill(ray.get(victim.pid.remote()), signal.SIGKILL)
+        version = job.publish()  # its first attempt meets the dead engine
+        health = ray.get([engine.health.remote() for engine in job.engines.values()])
+        published.append((version, health))
+
+    result = run_job(small_config("engine-dies", num_rollout=6),
+                     JobOptions(runs_dir=tmp_path, progress=False, plot=False,
+                                on_step=kill_engine_then_publish))
+
+    assert published, "the engine was never killed"
+    version, health = published[0]
+    assert [h["version"] for h in health] == [version, version]
+    with Ledger.open(result.ledger_url, readonly=True) as ledger:
+        events = list(ledger.events("engine-dies"))
+        report = ledger.verify("engine-dies")
+    assert sum(e.kind == "weight_update_aborted" for e in events) == 1
+    stamp = next(e for e in events if e.kind == "engines_stamped"
+                 and e.payload["version"] == version)
+    assert stamp.payload["engine_ids"] == ["engine-0", "engine-1"]
+    assert report.ok, report.problems
+    assert result.ok and result.steps == 6
