@@ -196,7 +196,10 @@ class CellGroup:
 
         Raises:
             NoCellAliveError: no cell is left.
+            StepFailedError: ``max_attempts`` quorums failed although every cell answered
+                (a broken collective backend, not a lost cell).
         """
+        attempts_without_loss = 0
         while True:
             alive = self.alive_ids()
             if not alive:
@@ -214,6 +217,13 @@ class CellGroup:
                 logger.info("quorum %d: %s", self._quorum_id, alive)
                 return self._quorum_id
             self._sort_out_failures(failed)
+            if self.alive_ids() == alive:
+                attempts_without_loss += 1
+                if attempts_without_loss >= self.max_attempts:
+                    error = next(iter(failed.values()))
+                    raise StepFailedError(
+                        f"quorum {self._quorum_id} of {alive} could not be formed: {error}"
+                    ) from error
 
     @property
     def _step_timeout_s(self) -> float:

@@ -150,6 +150,9 @@ class TrainingJob:
         self.step = 0
         self.engine_restarts = 0
         self.manager_replacements = 0
+        # Per-manager counters restart with a replacement manager; the run's total does not.
+        self._negative_staleness_carried = 0
+        self._negative_staleness_current = 0
         self._rewards: list[float] = []
         self._started = time.monotonic()
 
@@ -248,6 +251,8 @@ class TrainingJob:
                 timings["time/update_weights_s"] = time.monotonic() - update_started
             if (step + 1) % config.save_interval == 0 and not last:
                 self.save_checkpoint(step + 1)
+            # Healing builds new actors (seconds): after the step's commit, not before it.
+            self.cells.heal_lost()
             if config.sync and not last:
                 pending = self.manager.generate.remote(step + 1)
             record = self._step_record(step, output, train_metrics, version, step_started)
@@ -268,8 +273,7 @@ class TrainingJob:
         while True:
             ready, _ = ray.wait([pending], timeout=self.config.heartbeat_timeout_s)
             if not ready:
-                if self.cells.check_liveness():
-                    self._maintain_cells()
+                if self._maintain_cells():
                     self.publish()
                 continue
             try:
@@ -315,6 +319,8 @@ class TrainingJob:
         self.manager = launch.create_rollout_manager(
             self.config, self.ledger_url, self.run_id, self.engines
         )
+        self._negative_staleness_carried += self._negative_staleness_current
+        self._negative_staleness_current = 0
         saved = sorted(self.checkpoint_dir.glob("rollout-step-*.json"))
         saved = [path for path in saved if _step_of(path) <= self.step]
         if saved:
@@ -370,13 +376,21 @@ class TrainingJob:
             self.engine_restarts += len(dead)
         return dead
 
-    def _maintain_cells(self) -> None:
-        """Heartbeat the cells; after a loss, promote if needed, re-form, heal."""
+    @property
+    def negative_staleness_total(self) -> int:
+        """Negative staleness values counted in this run, across rollout-manager replacements
+        (DESIGN invariant 6: must stay 0)."""
+        return self._negative_staleness_carried + self._negative_staleness_current
+
+    def _maintain_cells(self) -> bool:
+        """Heartbeat the cells; after a loss, promote a publisher if needed and re-form the
+        quorum over the survivors (they are healed at the end of the step). Returns whether
+        a cell was lost."""
         lost = self.cells.check_liveness()
-        if lost or self.cells.errored_ids():
+        if lost:
             self.cells.ensure_publisher()
             self.cells.reform()
-            self.cells.heal_lost()
+        return bool(lost)
 
     def save_checkpoint(self, train_step: int) -> None:
         path = self.checkpoint_dir / f"step-{train_step:06d}.pt"
@@ -419,6 +433,10 @@ class TrainingJob:
         }
         record.update({f"train/{k}": v for k, v in train.items()})
         record.update(output.metrics)
+        self._negative_staleness_current = int(
+            output.metrics.get(STALENESS_PREFIX + "negative_staleness_total", 0)
+        )
+        record["negative_staleness_run_total"] = self.negative_staleness_total
         return record
 
     def _write_metrics(self, record: dict[str, Any]) -> None:
@@ -430,7 +448,10 @@ class TrainingJob:
     def finish(self) -> JobResult:
         """Record ``run_finished``, audit the ledger, draw the plot, and summarise."""
         manager_metrics = self._call_manager("metrics")
-        negative = int(manager_metrics.get(STALENESS_PREFIX + "negative_staleness_total", 0))
+        self._negative_staleness_current = int(
+            manager_metrics.get(STALENESS_PREFIX + "negative_staleness_total", 0)
+        )
+        negative = self.negative_staleness_total
         self.ledger.append(self.run_id, "run_finished", {
             "steps": self.config.num_rollout,
             "negative_staleness_total": negative,

@@ -9,11 +9,12 @@ from collections.abc import Iterator
 import pytest
 import ray
 
-from actors.errors import StaleEpochError
+from actors.errors import CollectiveError, StaleEpochError
+from actors.train_cell import TrainCell
 from actors.task import AdditionTask
 from ledger import FencedError, Ledger
 from orchestrator import launch
-from orchestrator.cells import CellGroup
+from orchestrator.cells import CellGroup, StepFailedError
 from orchestrator.config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -155,3 +156,28 @@ def test_an_engine_dying_before_the_commit_is_not_blamed_on_the_publisher(
     assert head.seq > head_before.seq  # weight_update_started/aborted are on record
     aborted = [e for e in ledger.events(RUN) if e.kind == "weight_update_aborted"]
     assert len(aborted) == 1 and aborted[0].cell_id == "cell-0"
+
+
+class NoCollectiveCell(TrainCell):
+    """A real cell on a machine whose collective backend is broken: every join fails."""
+
+    def configure_group(self, *args, **kwargs) -> None:
+        raise CollectiveError(f"cell {self.cell_id}: no collective backend here")
+
+
+def create_cell_without_collectives(config: RunConfig, cell_id: str):
+    return ray.remote(num_cpus=launch.CELL_CPUS)(NoCollectiveCell).remote(
+        cell_id, config.backend, launch.policy_config(config), seed=config.seed
+    )
+
+
+def test_a_quorum_that_never_forms_fails_instead_of_retrying_for_ever(config, ledger,
+                                                                      sqlite_url):
+    group = CellGroup(config, ledger, sqlite_url, RUN, create_cell_without_collectives)
+    try:
+        with pytest.raises(StepFailedError, match="could not be formed"):
+            group.start()
+        assert group.alive_ids() == ["cell-0", "cell-1"]  # nobody was wrongly declared dead
+        assert group.quorum_id == group.max_attempts
+    finally:
+        group.stop()
