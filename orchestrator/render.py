@@ -1,0 +1,72 @@
+"""What the ``orchestrator`` command prints: the end-of-run summary and the drill table."""
+
+from __future__ import annotations
+
+__all__ = ["DrillTable", "print_run_summary"]
+
+
+class DrillTable:
+    """The verdict table: one row per drill, problems of failed drills below it."""
+
+    def __init__(self) -> None:
+        from rich.table import Table
+
+        self.table = Table(title="recovery drills")
+        for column in ("scenario", "fault point", "step", "recover s", "versions",
+                       "neg. staleness", "groups lost", "verdict"):
+            self.table.add_column(column)
+        self.failures: list[tuple[str, list[str]]] = []
+
+    def add(self, result) -> None:
+        plan = result.plan
+        self.table.add_row(
+            plan.scenario, plan.point, str(plan.step + 1),
+            "-" if result.recover_s is None else f"{result.recover_s:.2f}",
+            f"{result.version_before} -> {result.version_after}",
+            _dash(result.negative_staleness), _dash(result.groups_lost),
+            "[green]pass[/green]" if result.passed else "[red]FAIL[/red]",
+        )
+        if not result.passed:
+            self.failures.append((f"{plan.scenario} ({result.run_id})", result.problems))
+
+    def print(self) -> None:
+        from rich.console import Console
+
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=150)  # a log file or pipe: do not truncate the columns
+        console.print(self.table)
+        for name, problems in self.failures:
+            for problem in problems[:10]:
+                console.print(f"[red]{name}:[/red] {problem}", markup=True, highlight=False)
+
+
+def _dash(value) -> str:
+    return "-" if value is None else str(value)
+
+
+def print_run_summary(result) -> None:
+    """The end-of-run summary: figures in a table, artefact paths on lines of their own."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"run {result.run_id}", show_header=False, box=None)
+    table.add_row("steps", str(result.steps))
+    table.add_row("wall time", f"{result.wall_s:.1f} s")
+    table.add_row("mean reward", f"{result.reward_first:.3f} (first steps) -> "
+                                 f"{result.reward_last:.3f} (last steps)")
+    table.add_row("committed versions", f"1..{result.head_version}")
+    table.add_row("promotions", str(result.promotions))
+    table.add_row("negative staleness", str(result.negative_staleness_total))
+    table.add_row("audit", "clean" if not result.audit_problems
+                  else f"{len(result.audit_problems)} problems")
+    console = Console()
+    console.print(table)
+    # Paths go on lines of their own, never wrapped, so they can be copied or grepped.
+    console.print(f"ledger:  {result.ledger_url}", soft_wrap=True, highlight=False)
+    console.print(f"metrics: {result.metrics_path}", soft_wrap=True, highlight=False)
+    console.print(f"plot:    {result.plot_path or '-'}", soft_wrap=True, highlight=False)
+    for problem in result.audit_problems[:20]:
+        console.print(f"[red]audit:[/red] {problem}", soft_wrap=True)
+    console.print(f"audit it: ledger --db {result.ledger_url} verify", soft_wrap=True,
+                  highlight=False)
