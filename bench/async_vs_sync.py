@@ -46,15 +46,17 @@ WARMUP_STEPS = 3
 
 class DeviceLatencyEngine(RolloutEngine):
     """A RolloutEngine whose every decode step also waits ``device_s_per_token``, without
-    holding a core: the time an accelerator of its own would spend on that step."""
+    holding a core: the time an accelerator of its own would spend on that step. Like a real
+    engine it notices an abort (a weight update's pause) at the next token."""
 
     device_s_per_token = 0.015
 
     def _sample(self, prompt, n_samples, abort_token):
-        result = super()._sample(prompt, n_samples, abort_token)
-        decoded = max((len(response) for response in result[0]), default=0)
-        time.sleep(self.device_s_per_token * decoded)
-        return result
+        for _ in range(self.sampling.max_new_tokens):
+            if self._abort_token != abort_token:
+                break  # the sampling below sees the abort and returns at once
+            time.sleep(self.device_s_per_token)
+        return super()._sample(prompt, n_samples, abort_token)
 
 
 def device_engine_factory(seconds_per_token: float):
