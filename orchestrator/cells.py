@@ -267,10 +267,14 @@ class CellGroup:
         Returns the publisher's epoch. The promotion goes through the ledger, so from here on
         the previous publisher's writes raise ``FencedError``.
         """
+        return self._ensure_publisher(reason)[1]
+
+    def _ensure_publisher(self, reason: str = "failover") -> tuple[str, int]:
+        """:meth:`ensure_publisher`, returning ``(publisher cell, epoch)`` from one head read."""
         head = self.ledger.head(self.run_id)
         alive = self.alive_ids()
         if head.publisher_cell in alive:
-            return head.epoch
+            return head.publisher_cell, head.epoch
         if not alive:
             raise NoCellAliveError("no train cell is alive to publish")
         epoch = self.ledger.promote(
@@ -280,7 +284,18 @@ class CellGroup:
         self.events.promotions += 1
         log_level = logging.INFO if reason == "start" else logging.WARNING
         logger.log(log_level, "cell %s promoted to publisher, epoch %d", alive[0], epoch)
-        return epoch
+        return alive[0], epoch
+
+    def _call_publisher(
+        self, method: str, **kwargs: Any
+    ) -> tuple[str, Any, BaseException | None]:
+        """Call ``method(**kwargs, epoch=...)`` on the publisher (promoting one first if
+        needed), with the step timeout. Returns ``(publisher, result, error)``; one of result
+        and error is set."""
+        publisher, epoch = self._ensure_publisher()
+        ref = getattr(self._cells[publisher].actor, method).remote(**kwargs, epoch=epoch)
+        results, failed = self._call_each({publisher: ref}, self._step_timeout_s)
+        return publisher, results.get(publisher), failed.get(publisher)
 
     def take_over(self, reason: str = "resume") -> int:
         """Promote the lowest alive cell even if the ledger's publisher looks alive: a new
@@ -372,16 +387,12 @@ class CellGroup:
         """
         last_error: BaseException | None = None
         for attempt in range(1, self.max_attempts + 1):
-            epoch = self.ensure_publisher()
-            publisher = self.ledger.head(self.run_id).publisher_cell
-            assert publisher is not None
-            ref = self._cells[publisher].actor.update_weights.remote(
-                list(engines), epoch, self.ledger_url, self.run_id, rollout_manager
+            publisher, version, last_error = self._call_publisher(
+                "update_weights", engines=list(engines), ledger_url=self.ledger_url,
+                run_id=self.run_id, rollout_manager=rollout_manager,
             )
-            results, failed = self._call_each({publisher: ref}, self._step_timeout_s)
-            if not failed:
-                return results[publisher]
-            last_error = failed[publisher]
+            if last_error is None:
+                return version
             self.events.retried_steps += 1
             logger.warning("weight update attempt %d by %s failed: %s", attempt, publisher,
                            last_error)
@@ -436,15 +447,12 @@ class CellGroup:
     def save_checkpoint(self, path: str) -> dict[str, Any]:
         """The publisher writes its state to ``path`` and records ``checkpoint_saved``."""
         for _ in range(self.max_attempts):
-            epoch = self.ensure_publisher()
-            publisher = self.ledger.head(self.run_id).publisher_cell
-            ref = self._cells[publisher].actor.save_checkpoint.remote(
-                path, self.ledger_url, self.run_id, epoch
+            publisher, summary, error = self._call_publisher(
+                "save_checkpoint", path=path, ledger_url=self.ledger_url, run_id=self.run_id
             )
-            results, failed = self._call_each({publisher: ref}, self._step_timeout_s)
-            if not failed:
-                return results[publisher]
-            self._sort_out_failures(failed)
+            if error is None:
+                return summary
+            self._sort_out_failures({publisher: error})
             self.reform()
         raise StepFailedError(f"checkpoint {path} could not be saved")
 
