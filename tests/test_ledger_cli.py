@@ -82,28 +82,25 @@ def _empty_file(url: str) -> str:
     return url.replace("ledger.db", "empty.db")
 
 
-def _old_schema(url: str) -> str:
+def _raw_sql(url: str, statement: str) -> str:
+    """Run one statement behind the ledger's back; returns ``url`` for chaining."""
     engine = sa.create_engine(url)
     with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0000'"))
+        conn.execute(sa.text(statement))
     engine.dispose()
     return url
+
+
+def _old_schema(url: str) -> str:
+    return _raw_sql(url, "UPDATE alembic_version SET version_num = '0000'")
 
 
 def _corrupt_payload(url: str) -> str:
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE ledger_events SET payload = '{not json' WHERE seq = 5"))
-    engine.dispose()
-    return url
+    return _raw_sql(url, "UPDATE ledger_events SET payload = '{not json' WHERE seq = 5")
 
 
 def _corrupt_time(url: str) -> str:
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE runs SET created_at = 'yesterday'"))
-    engine.dispose()
-    return url
+    return _raw_sql(url, "UPDATE runs SET created_at = 'yesterday'")
 
 
 USER_ERRORS = {
