@@ -15,5 +15,5 @@ Modules (import them directly; this package imports nothing heavy):
 
 Classes are plain; callers make them remote where they allocate them, e.g.
 ``ray.remote(**ROLLOUT_ENGINE_ACTOR_OPTIONS)(RolloutEngine)``. Actors import ``ledger`` and
-``orchestrator.types`` only.
+``orchestrator.rollout.types`` only.
 """

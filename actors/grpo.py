@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from orchestrator.types import Sample, SampleStatus
+from orchestrator.rollout.types import Sample, SampleStatus
 
 __all__ = ["GRPOConfig", "TrainBatch", "build_train_batch", "grpo_loss", "group_advantages",
            "token_log_probs"]

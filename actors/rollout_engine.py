@@ -37,7 +37,7 @@ from actors.errors import EngineStateError, StaleEpochError
 from actors.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
 from actors.task import AdditionTask
 from actors.weight_sync import TRANSPORTS, tensors_checksum
-from orchestrator.types import Prompt, Sample, SampleStatus, check_weight_version
+from orchestrator.rollout.types import Prompt, Sample, SampleStatus, check_weight_version
 
 __all__ = ["ROLLOUT_ENGINE_ACTOR_OPTIONS", "RolloutEngine", "SamplingParams"]
 

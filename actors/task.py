@@ -20,7 +20,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.types import Prompt
+from orchestrator.rollout.types import Prompt
 
 __all__ = ["AdditionTask", "Tokenizer", "TOKENIZER"]
 

@@ -55,7 +55,7 @@ from actors.weight_sync import (
     transfer_weights,
 )
 from ledger import FencedError, Ledger
-from orchestrator.types import Group, Sample
+from orchestrator.rollout.types import Group, Sample
 
 __all__ = ["TRAIN_CELL_ACTOR_OPTIONS", "TrainCell", "create_rendezvous_store"]
 

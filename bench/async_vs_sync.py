@@ -37,9 +37,9 @@ import ray
 
 from ledger import Ledger
 from actors.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
-from orchestrator import launch
+from orchestrator.control import launch
 from orchestrator.config import RunConfig
-from orchestrator.driver import JobOptions, TrainingJob, run_job
+from orchestrator.control.driver import JobOptions, TrainingJob, run_job
 
 WARMUP_STEPS = 3
 

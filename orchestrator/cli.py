@@ -85,7 +85,7 @@ def run_command(
     **overrides: Any,
 ) -> None:
     """Run the main job: fully-async GRPO across cells and engines on a local Ray cluster."""
-    from orchestrator.driver import JobOptions, run_job
+    from orchestrator.control.driver import JobOptions, run_job
 
     config = RunConfig.from_yaml(config_path, overrides)
     if resume and config.run_id is None:
@@ -115,7 +115,7 @@ def drill_command(scenarios: tuple[str, ...], db: str | None, seed: int | None, 
                   runs_dir: Path, ray_address: str | None) -> None:
     """Inject real faults into short runs and check the ledger's invariants (exit 1 if any
     drill fails)."""
-    from orchestrator.drills import DrillError, DrillOptions, plan_drills, run_drills
+    from orchestrator.drills.runner import DrillError, DrillOptions, plan_drills, run_drills
 
     try:
         plans = plan_drills(list(scenarios), seed=seed, repeat=repeat)
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and turn user errors into one line and exit code 2."""
     from ledger import LedgerError
 
-    from orchestrator.driver import StartupError
+    from orchestrator.control.driver import StartupError
 
     try:
         cli.main(args=argv, prog_name="orchestrator", standalone_mode=False)

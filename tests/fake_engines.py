@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from orchestrator.types import Prompt, Sample, SampleStatus
+from orchestrator.rollout.types import Prompt, Sample, SampleStatus
 
 __all__ = ["FakeEnginePool", "build_ledger", "make_prompt", "run_async", "settle"]
 

@@ -13,8 +13,8 @@ from actors.errors import CollectiveError, StaleEpochError
 from actors.train_cell import TrainCell
 from actors.task import AdditionTask
 from ledger import FencedError, Ledger
-from orchestrator import launch
-from orchestrator.cells import CellGroup, StepFailedError
+from orchestrator.control import launch
+from orchestrator.control.cells import CellGroup, StepFailedError
 from orchestrator.config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -142,7 +142,7 @@ def test_a_healed_cell_rejoins_with_the_survivors_state(cells, ledger, engines):
 def test_an_engine_dying_before_the_commit_is_not_blamed_on_the_publisher(
     cells, ledger, engines
 ):
-    from orchestrator.cells import EngineLostError
+    from orchestrator.control.cells import EngineLostError
 
     os.kill(ray.get(engines[1].pid.remote()), signal.SIGKILL)
     head_before = ledger.head(RUN)

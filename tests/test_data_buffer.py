@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from orchestrator.data_buffer import METRIC_PREFIX, DataBuffer, reject_uniform_rewards
-from orchestrator.data_source import PromptSource
-from orchestrator.types import Group, Prompt, Sample, SampleStatus
+from orchestrator.rollout.data_buffer import METRIC_PREFIX, DataBuffer, reject_uniform_rewards
+from orchestrator.rollout.data_source import PromptSource
+from orchestrator.rollout.types import Group, Prompt, Sample, SampleStatus
 from tests.fake_engines import make_prompt, run_async, settle
 
 M = METRIC_PREFIX

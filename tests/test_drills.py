@@ -14,9 +14,10 @@ import pytest
 import ray
 
 from ledger import Ledger
-from orchestrator import launch, nemesis
-from orchestrator.driver import TrainingJob
-from orchestrator.drills import (
+from orchestrator.control import launch
+from orchestrator.drills import scenarios as nemesis
+from orchestrator.control.driver import TrainingJob
+from orchestrator.drills.runner import (
     SCENARIOS,
     DrillError,
     DrillOptions,
@@ -25,8 +26,8 @@ from orchestrator.drills import (
     plan_drills,
     run_drill,
 )
-from orchestrator.engine_pool import RayEnginePool
-from orchestrator.rollout_manager import RolloutManager
+from orchestrator.control.engine_pool import RayEnginePool
+from orchestrator.rollout.manager import RolloutManager
 
 FAST_SQLITE = ["kill-publisher-mid-train", "kill-publisher-after-commit", "kill-engine"]
 FAST_POSTGRES = ["database-outage", "zombie-publisher"]

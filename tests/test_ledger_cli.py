@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 import ledger.store
 from ledger import Ledger
-from ledger.cli import app
+from ledger.cli.app import app
 from ledger.events import event_hash
 from tests.cli_scenario import RUN_ID, build_run, frozen_clock
 
@@ -371,7 +371,7 @@ def test_plot_writes_a_png_with_the_staleness_histogram(built_url: str, sqlite_p
 
 def test_the_cli_imports_neither_matplotlib_nor_ray_nor_torch():
     code = (
-        "import sys, ledger.cli, ledger.query, ledger.render; "
+        "import sys, ledger.cli.app, ledger.cli.query, ledger.cli.render; "
         "print(sorted(m for m in ('matplotlib', 'ray', 'torch') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 import ledger.store
 from ledger import Ledger
-from ledger.cli import app
+from ledger.cli.app import app
 from tests.cli_scenario import build_run, frozen_clock
 
 GOLDEN = Path(__file__).parent / "golden" / "cli"

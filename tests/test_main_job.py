@@ -18,7 +18,7 @@ import ray
 
 from ledger import Ledger
 from orchestrator.config import RunConfig
-from orchestrator.driver import JobOptions, TrainingJob, run_job
+from orchestrator.control.driver import JobOptions, TrainingJob, run_job
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 

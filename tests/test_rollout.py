@@ -7,10 +7,10 @@ import logging
 
 import pytest
 
-from orchestrator.data_buffer import METRIC_PREFIX, DataBuffer
-from orchestrator.data_source import PromptSource
-from orchestrator.rollout import EnginePool, FullyAsyncRolloutFn, ProducerDiedError
-from orchestrator.types import RolloutFnTrainInput, SampleStatus
+from orchestrator.rollout.data_buffer import METRIC_PREFIX, DataBuffer
+from orchestrator.rollout.data_source import PromptSource
+from orchestrator.rollout.producer import EnginePool, FullyAsyncRolloutFn, ProducerDiedError
+from orchestrator.rollout.types import RolloutFnTrainInput, SampleStatus
 from tests.fake_engines import FakeEnginePool, make_prompt, run_async, settle
 
 M = METRIC_PREFIX
@@ -199,7 +199,7 @@ def test_a_drain_without_progress_warns_and_keeps_waiting(caplog):
         await rollout.stop()
         return output
 
-    with caplog.at_level(logging.WARNING, logger="orchestrator.rollout"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.rollout.producer"):
         output = run_async(scenario)
 
     assert len(output.samples) == 1

@@ -13,7 +13,7 @@ from actors.policy import PolicyConfig, build_policy
 from actors.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
 from actors.weight_sync import collect_weights
-from orchestrator.types import SampleStatus
+from orchestrator.rollout.types import SampleStatus
 
 CONFIG = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
 # A long context and answer budget so a generate call lasts long enough to be interrupted.

@@ -10,14 +10,14 @@ import pytest
 
 from ledger import Ledger
 from orchestrator.config import RunConfig
-from orchestrator.data_buffer import METRIC_PREFIX
-from orchestrator.rollout_manager import (
+from orchestrator.rollout.data_buffer import METRIC_PREFIX
+from orchestrator.rollout.manager import (
     RolloutManager,
     RolloutVersionError,
     VersionAheadOfLedgerError,
     VersionRegressionError,
 )
-from orchestrator.types import VersionLabelError
+from orchestrator.rollout.types import VersionLabelError
 from tests.fake_engines import FakeEnginePool, build_ledger, make_prompt, run_async, settle
 
 M = METRIC_PREFIX

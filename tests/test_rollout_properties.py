@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 
 from ledger import Ledger
 from orchestrator.config import RunConfig
-from orchestrator.data_buffer import METRIC_PREFIX
-from orchestrator.rollout_manager import (
+from orchestrator.rollout.data_buffer import METRIC_PREFIX
+from orchestrator.rollout.manager import (
     RolloutManager,
     VersionAheadOfLedgerError,
     VersionRegressionError,
 )
-from orchestrator.types import SampleStatus
+from orchestrator.rollout.types import SampleStatus
 from tests.fake_engines import FakeEnginePool, make_prompt, run_async, settle
 
 M = METRIC_PREFIX

@@ -35,10 +35,10 @@ from typing import Any
 from ledger import Ledger
 
 from orchestrator.config import RunConfig
-from orchestrator.data_buffer import METRIC_PREFIX, Accounting, DataBuffer, DynamicFilter
-from orchestrator.data_source import PromptFactory, PromptSource
-from orchestrator.rollout import DEFAULT_STALL_WARNING_S, EnginePool, FullyAsyncRolloutFn
-from orchestrator.types import RolloutFnTrainInput, RolloutFnTrainOutput, check_weight_version
+from orchestrator.rollout.data_buffer import METRIC_PREFIX, Accounting, DataBuffer, DynamicFilter
+from orchestrator.rollout.data_source import PromptFactory, PromptSource
+from orchestrator.rollout.producer import DEFAULT_STALL_WARNING_S, EnginePool, FullyAsyncRolloutFn
+from orchestrator.rollout.types import RolloutFnTrainInput, RolloutFnTrainOutput, check_weight_version
 
 __all__ = [
     "RolloutManager",
@@ -99,7 +99,7 @@ class RolloutManager:
         config: the run's config.
         make_prompt: deterministic ``index -> Prompt`` factory (the task's).
         engine_pool: the engines to generate with.
-        dynamic_filter: optional group filter (see :mod:`orchestrator.data_buffer`).
+        dynamic_filter: optional group filter (see :mod:`orchestrator.rollout.data_buffer`).
         stall_warning_s: drains waiting this long without a group log a warning.
 
     Not thread-safe: call it from one event loop (a Ray async actor serialises nothing, but

@@ -1,7 +1,7 @@
 """What the ``ledger`` command asks of a ledger: one function per subcommand, JSON-ready answers.
 
 Every function here opens the database read-only (``db_upgrade`` is the one exception), reads,
-and returns a plain ``dict`` that :mod:`ledger.render` prints as a table or as JSON, so the two
+and returns a plain ``dict`` that :mod:`ledger.cli.render` prints as a table or as JSON, so the two
 forms cannot disagree. Every answer carries a ``header``, as etcd's responses do:
 
 - for one run: the run's head row as read *before* the events (``run_id``, ``seq``,

@@ -25,7 +25,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from ledger import FencedError, Ledger
 from orchestrator.config import RunConfig
-from orchestrator.types import Sample
+from orchestrator.rollout.types import Sample
 
 __all__ = ["CellGroup", "EngineLostError", "NoCellAliveError", "StepFailedError"]
 
@@ -92,7 +92,7 @@ class CellGroup:
         ledger: an open writer ledger; the group appends ``cell_state`` / ``cell_promoted``.
         ledger_url: handed to cells, which open the ledger themselves to publish.
         run_id: a started run.
-        create_cell: builds one cell actor (``orchestrator.launch.create_cell``).
+        create_cell: builds one cell actor (``orchestrator.control.launch.create_cell``).
         max_attempts: attempts of one step before :class:`StepFailedError`.
     """
 

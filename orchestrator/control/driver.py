@@ -27,12 +27,12 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from ledger import Ledger, LedgerError
-from orchestrator import launch
-from orchestrator.cells import CellGroup, EngineLostError, StepFailedError
+from orchestrator.control import launch
+from orchestrator.control.cells import CellGroup, EngineLostError, StepFailedError
 from orchestrator.config import RunConfig
-from orchestrator.launch import StartupError
-from orchestrator.progress import RunProgress
-from orchestrator.types import RolloutFnTrainOutput
+from orchestrator.control.launch import StartupError
+from orchestrator.control.progress import RunProgress
+from orchestrator.rollout.types import RolloutFnTrainOutput
 
 __all__ = ["JobOptions", "JobResult", "StartupError", "TrainingJob", "new_run_id", "run_job"]
 
@@ -481,7 +481,7 @@ class TrainingJob:
         )
 
     def _draw_plot(self) -> Path | None:
-        from ledger.plot import plot_run
+        from ledger.cli.plot import plot_run
 
         path = self.run_dir / PLOT_FILE
         try:

@@ -1,8 +1,8 @@
 """The ``ledger`` command: audit a run's weight versions (read-only unless ``db upgrade``).
 
 Thin by design: each subcommand parses its options, calls one function of
-:mod:`ledger.query` (or :func:`ledger.plot.plot_run`), prints the answer with
-:mod:`ledger.render`, and maps errors to exit codes:
+:mod:`ledger.cli.query` (or :func:`ledger.cli.plot.plot_run`), prints the answer with
+:mod:`ledger.cli.render`, and maps errors to exit codes:
 
     0  the answer was printed (``verify``: no problems)
     1  ``verify`` found problems (each printed as ``run R seq N: check: message``)
@@ -28,7 +28,7 @@ from typing import Annotated
 
 import typer
 
-from ledger import query, render
+from ledger.cli import query, render
 from ledger.errors import LedgerError
 
 __all__ = ["app", "main"]
@@ -250,7 +250,7 @@ def plot(
     ] = Output.table,
 ) -> None:
     """Committed version over time, promotions marked, and the staleness histogram."""
-    from ledger.plot import plot_run
+    from ledger.cli.plot import plot_run
 
     with _errors():
         answer = plot_run(*_target(ctx, db, run), out=out, metrics=metrics)
@@ -274,7 +274,7 @@ def db_upgrade(ctx: typer.Context, db: DbOption = None, output: OutputOption = O
 
 
 def main() -> None:
-    """Console-script entry point (``ledger = ledger.cli:main``)."""
+    """Console-script entry point (``ledger = ledger.cli.app:main``)."""
     try:
         app(prog_name="ledger")
     except BrokenPipeError:

@@ -4,7 +4,7 @@ The producer runs on the caller's event loop as one task. It keeps at most
 ``max_concurrent_groups`` prompt groups in flight against an :class:`EnginePool` (a group stays
 in flight until the buffer accepted it, so a full buffer stops the producer taking prompts),
 takes recycled prompts before fresh ones, and puts finished groups in the
-:class:`~orchestrator.data_buffer.DataBuffer`. ``drain`` collects one training batch.
+:class:`~orchestrator.rollout.data_buffer.DataBuffer`. ``drain`` collects one training batch.
 
 A failed generation kills the producer (its prompt goes back to the pending queue first); a
 drain then fails at once with :class:`ProducerDiedError`, even if groups are queued, so a broken
@@ -19,9 +19,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from orchestrator.data_buffer import METRIC_PREFIX, DataBuffer, PromptState, VersionProvider
-from orchestrator.data_source import PromptSource
-from orchestrator.types import (
+from orchestrator.rollout.data_buffer import METRIC_PREFIX, DataBuffer, PromptState, VersionProvider
+from orchestrator.rollout.data_source import PromptSource
+from orchestrator.rollout.types import (
     Group,
     Prompt,
     RolloutFnTrainInput,
@@ -229,7 +229,7 @@ class FullyAsyncRolloutFn:
         """Collect ``rollout_batch_size`` groups that pass the buffer's screen, sorted by index.
 
         Starts the producer if needed. ``current_version_fn`` is the buffer's
-        :data:`~orchestrator.data_buffer.VersionProvider`. The output's metrics are the
+        :data:`~orchestrator.rollout.data_buffer.VersionProvider`. The output's metrics are the
         buffer's step metrics (see :meth:`DataBuffer.pop_step_metrics`) plus ``drain_time_s``.
 
         On failure or cancellation every group claimed so far goes back to the buffer.

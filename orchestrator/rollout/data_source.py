@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.types import Prompt
+from orchestrator.rollout.types import Prompt
 
 __all__ = ["PromptFactory", "PromptSource"]
 

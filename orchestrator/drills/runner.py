@@ -15,7 +15,7 @@ commit). Each drill:
 3. records that the fault really fired (``fault_injected``, with the head at that moment): a
    drill whose fault did not fire fails, so no drill passes by not injecting;
 4. lets the run recover and go on for a few steps, then judges the history with
-   :func:`orchestrator.checker.check_run` plus the scenario's own expectations, and records
+   :func:`orchestrator.drills.checker.check_run` plus the scenario's own expectations, and records
    ``drill_verdict``.
 
 A run that does not finish within ``deadline_s`` (a recovery that never comes) fails too: its
@@ -40,11 +40,11 @@ from typing import Any
 import ray
 
 from ledger import Ledger
-from orchestrator import launch
-from orchestrator.checker import check_run, first_commit_after, seconds_between
+from orchestrator.control import launch
+from orchestrator.drills.checker import check_run, first_commit_after, seconds_between
 from orchestrator.config import RunConfig
-from orchestrator.driver import JobOptions, TrainingJob
-from orchestrator.nemesis import (
+from orchestrator.control.driver import JobOptions, TrainingJob
+from orchestrator.drills.scenarios import (
     SCENARIOS,
     DrillError,
     FaultPlan,

@@ -1,4 +1,4 @@
-"""Print the answers of :mod:`ledger.query` as tables, stable one-line records, JSON or CSV.
+"""Print the answers of :mod:`ledger.cli.query` as tables, stable one-line records, JSON or CSV.
 
 Formats:
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from orchestrator.types import Prompt, Sample, SampleStatus
+from orchestrator.rollout.types import Prompt, Sample, SampleStatus
 
 __all__ = ["NoEngineAliveError", "RayEnginePool"]
 

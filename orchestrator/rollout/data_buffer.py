@@ -31,11 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from orchestrator.types import Group, Prompt
+from orchestrator.rollout.types import Group, Prompt
 
 if TYPE_CHECKING:
     from orchestrator.config import RunConfig
-    from orchestrator.data_source import PromptSource
+    from orchestrator.rollout.data_source import PromptSource
 
 __all__ = [
     "METRIC_PREFIX",

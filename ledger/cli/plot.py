@@ -33,7 +33,7 @@ from typing import Any
 
 from ledger.events import Event, EventKind
 from ledger.projections import RunState
-from ledger.query import QueryError, log, sqlite_path
+from ledger.cli.query import QueryError, log, sqlite_path
 
 __all__ = ["Histogram", "Timeline", "default_metrics_path", "draw", "plot_run", "read_histogram"]
 

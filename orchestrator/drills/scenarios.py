@@ -1,12 +1,12 @@
 """The nemesis of the recovery drills: each scenario's fault and what recovery must show.
 
 A :class:`Scenario` names a fault, the points and steps where it may land, the function that
-injects it into a live :class:`~orchestrator.driver.TrainingJob` from outside (real signals to
+injects it into a live :class:`~orchestrator.control.driver.TrainingJob` from outside (real signals to
 real worker processes, the database stopped or locked, the job stopped), and the scenario's own
-expectations on top of the generic checker (:mod:`orchestrator.checker`). Where a fault must
+expectations on top of the generic checker (:mod:`orchestrator.drills.checker`). Where a fault must
 land between the publisher's update steps, the nemesis drives the publisher's public
 ``begin_update`` / ``transfer`` / ``commit`` itself, then kills it: production classes carry no
-fault hooks. The runner is :mod:`orchestrator.drills`.
+fault hooks. The runner is :mod:`orchestrator.drills.runner`.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import ray
 from ray.exceptions import RayActorError
 
 from ledger import FencedError
-from orchestrator.checker import first_commit_after
-from orchestrator.driver import TrainingJob
+from orchestrator.drills.checker import first_commit_after
+from orchestrator.control.driver import TrainingJob
 
 if TYPE_CHECKING:
-    from orchestrator.drills import _Drill
+    from orchestrator.drills.runner import _Drill
 
 __all__ = [
     "SCENARIOS",

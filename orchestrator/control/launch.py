@@ -158,8 +158,8 @@ def create_rollout_manager(config: RunConfig, ledger_url: str, run_id: str, engi
     """A ``RolloutManager`` actor over a ``RayEnginePool`` of ``engines``."""
     import ray
 
-    from orchestrator.engine_pool import RayEnginePool
-    from orchestrator.rollout_manager import RolloutManager
+    from orchestrator.control.engine_pool import RayEnginePool
+    from orchestrator.rollout.manager import RolloutManager
 
     make_prompt = functools.partial(_make_prompt, config.seed)
     return ray.remote(num_cpus=MANAGER_CPUS)(RolloutManager).remote(

@@ -1,0 +1,1 @@
+"""Recovery drills: the runner, scenarios with their fault primitives, and the drill checker."""
