@@ -1,0 +1,103 @@
+"""Run conventions shared by the orchestrator (which writes a run) and the ledger CLI (which
+reads one): the run directory layout, its file names, the metric keys, the default ledger URL.
+
+This is the one place these names live; nothing else spells ``metrics.jsonl`` or
+``rollout/fully_async/``. It imports nothing from the project, so both sides may use it.
+
+A run directory (``runs/<run-id>/`` by default)::
+
+    ledger.db        the embedded SQLite ledger (when no --db is given)
+    metrics.jsonl    one JSON object per training step
+    run.png          the run's plot
+    checkpoints/     step-NNNNNN.pt (cells) and rollout-step-NNNNNN.json (rollout manager)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = [
+    "CHECKPOINT_DIR",
+    "DEFAULT_RUNS_DIR",
+    "FULLY_ASYNC_PREFIX",
+    "LEDGER_FILE",
+    "METRICS_FILE",
+    "PLOT_FILE",
+    "RunLayout",
+    "default_ledger_url",
+    "metric_key",
+]
+
+DEFAULT_RUNS_DIR = Path("runs")
+LEDGER_FILE = "ledger.db"
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "run.png"
+CHECKPOINT_DIR = "checkpoints"
+
+# Per-step rollout metrics (DESIGN section 6) all carry this prefix.
+FULLY_ASYNC_PREFIX = "rollout/fully_async/"
+REWARD_KEY = "reward/mean"
+WEIGHT_VERSION_KEY = "weight_version"
+NEGATIVE_STALENESS_KEY = FULLY_ASYNC_PREFIX + "negative_staleness_total"
+STALENESS_MAX_KEY = FULLY_ASYNC_PREFIX + "staleness_max"
+STALENESS_HISTOGRAM_KEY = FULLY_ASYNC_PREFIX + "staleness_hist"
+
+
+def metric_key(name: str) -> str:
+    """The full key of a per-step rollout metric: ``metric_key("staleness_max")``."""
+    return FULLY_ASYNC_PREFIX + name
+
+
+def default_ledger_url(run_dir: Path) -> str:
+    """The embedded SQLite ledger of a run directory: ``sqlite:///<run_dir>/ledger.db``."""
+    return f"sqlite:///{Path(run_dir) / LEDGER_FILE}"
+
+
+class RunLayout:
+    """Where a run's files go, given its directory (``runs_dir / run_id``)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+
+    @classmethod
+    def of(cls, runs_dir: Path, run_id: str) -> RunLayout:
+        """The layout of ``run_id`` under ``runs_dir``."""
+        return cls(Path(runs_dir) / run_id)
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.run_dir / LEDGER_FILE
+
+    @property
+    def ledger_url(self) -> str:
+        """The default (embedded SQLite) ledger URL of this run."""
+        return default_ledger_url(self.run_dir)
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / METRICS_FILE
+
+    @property
+    def plot_path(self) -> Path:
+        return self.run_dir / PLOT_FILE
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / CHECKPOINT_DIR
+
+    def checkpoint_path(self, train_step: int) -> Path:
+        """The cells' checkpoint after ``train_step`` steps."""
+        return self.checkpoint_dir / f"step-{train_step:06d}.pt"
+
+    def manager_state_path(self, train_step: int) -> Path:
+        """The rollout manager's saved prompt state after ``train_step`` steps."""
+        return self.checkpoint_dir / f"rollout-step-{train_step:06d}.json"
+
+    def manager_states(self) -> list[tuple[int, Path]]:
+        """Saved rollout-manager states as ``(train_step, path)``, oldest first."""
+        found = []
+        for path in self.checkpoint_dir.glob("rollout-step-*.json"):
+            step = path.stem.rsplit("-", 1)[-1]
+            if step.isdigit():
+                found.append((int(step), path))
+        return sorted(found)
