@@ -1,12 +1,18 @@
 """RunConfig: every option of a run, validated once, at load.
 
-Option names follow miles (``max_weight_staleness``, ``async_unused_samples_handler``,
-``indep_dp``, ...) so a miles user recognises them; defaults suit a short CPU run. A config is
-frozen: code that needs a variant builds a new one with ``model_copy(update=...)`` (which does
-not re-validate) or, better, :meth:`RunConfig.from_yaml` / ``RunConfig(**fields)``.
+Option names follow miles (``max_weight_staleness``, ``async_unused_samples_handler``, ...) so a
+miles user recognises them; defaults suit a short CPU run. Every field has a ``description``:
+it is the field's help text in ``orchestrator run --help``, where each field is a flag
+(:mod:`orchestrator.cli`).
+
+A config is frozen: code that needs a variant builds a new one with ``model_copy(update=...)``
+(which does not re-validate) or, better, :meth:`RunConfig.from_yaml` / ``RunConfig(**fields)``.
 
 Invalid values fail at load with :class:`ConfigError`, a one-line ``ValueError`` that names the
 field (or the unreadable file), so a CLI can print it and exit 2.
+
+Where the ledger lives when ``db`` is unset is a run convention, not an option: see
+:func:`ledger.run_layout.default_ledger_url`.
 """
 
 from __future__ import annotations
@@ -40,51 +46,79 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
     # Identity and storage.
-    run_id: str | None = None
+    run_id: str | None = Field(
+        default=None,
+        description="run id, also the run's directory name (default: run-<time>-<random>)",
+    )
     db: str | None = Field(
         default=None,
-        description="SQLAlchemy URL of the ledger; None means sqlite:///runs/<run-id>/ledger.db",
+        description="SQLAlchemy URL of the ledger (default: the run directory's own SQLite "
+                    "file)",
     )
 
     # Rollout shape.
-    rollout_batch_size: int = Field(default=16, ge=1, description="prompt groups per step")
-    n_samples_per_prompt: int = Field(default=8, ge=1)
+    rollout_batch_size: int = Field(
+        default=16, ge=1, description="prompt groups trained per step (at least num_cells)"
+    )
+    n_samples_per_prompt: int = Field(default=8, ge=1, description="samples per prompt group")
     max_weight_staleness: int | None = Field(
-        default=2, ge=0, description="max version lag of a trained group; None = off"
+        default=2, ge=0,
+        description="max version lag of a trained group; null in --config turns it off",
     )
-    async_unused_samples_handler: Literal["drop", "retry"] = "retry"
+    async_unused_samples_handler: Literal["drop", "retry"] = Field(
+        default="retry", description="what happens to a group past max_weight_staleness"
+    )
     async_data_buffer_capacity_factor: int = Field(
-        default=2, ge=1, description="buffer holds factor * rollout_batch_size groups"
+        default=2, ge=1, description="the data buffer holds factor * rollout_batch_size groups"
     )
-    async_max_concurrent_samples: int = Field(default=16, ge=1, description="groups in flight")
-    max_recycles: int = Field(default=3, ge=0)
+    async_max_concurrent_samples: int = Field(
+        default=16, ge=1, description="prompt groups generating at once"
+    )
+    max_recycles: int = Field(
+        default=3, ge=0, description="times a stale group is recycled before it is dropped"
+    )
 
     # Topology.
-    indep_dp: bool = True
-    num_cells: int = Field(default=2, ge=1)
-    num_engines: int = Field(default=2, ge=1)
+    num_cells: int = Field(default=2, ge=1, description="training cells (independent replicas)")
+    num_engines: int = Field(default=2, ge=1, description="rollout engines")
 
     # Schedule.
     num_rollout: int = Field(default=100, ge=1, description="training steps")
-    update_weights_interval: int = Field(default=1, ge=1)
-    save_interval: int = Field(default=10, ge=1)
-    seed: int = Field(default=1234, ge=0)
+    update_weights_interval: int = Field(
+        default=1, ge=1, description="publish weights to the engines every N steps"
+    )
+    save_interval: int = Field(default=10, ge=1, description="checkpoint every N steps")
+    seed: int = Field(default=1234, ge=0, description="seed of the task, model and sampling")
 
     # Training and weight transport.
-    backend: Literal["megatron", "torch"] = "torch"
-    transport: Literal["full", "lora"] = "full"
-    lr: float = Field(default=3e-3, gt=0.0, le=1.0)
-    eps_clip: float = Field(default=0.2, gt=0.0, lt=1.0, description="lower PPO clip")
-    eps_clip_high: float = Field(default=0.28, gt=0.0, lt=1.0, description="upper PPO clip")
+    backend: Literal["megatron", "torch"] = Field(
+        default="torch", description="trainer backend of the cells and engines"
+    )
+    transport: Literal["full", "lora"] = Field(
+        default="full", description="weights a publish sends: all parameters or the LoRA adapter"
+    )
+    lr: float = Field(default=3e-3, gt=0.0, le=1.0, description="learning rate")
+    # The two clips bound the ratio to [1 - eps_clip, 1 + eps_clip_high]: each is a bound of
+    # its own, so no ordering between them is enforced (a tighter upper clip is legitimate).
+    eps_clip: float = Field(
+        default=0.2, gt=0.0, lt=1.0, description="lower PPO clip: ratio >= 1 - eps_clip"
+    )
+    eps_clip_high: float = Field(
+        default=0.28, gt=0.0, lt=1.0, description="upper PPO clip: ratio <= 1 + eps_clip_high"
+    )
 
     # Sampling.
-    temperature: float = Field(default=1.0, gt=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    temperature: float = Field(default=1.0, gt=0.0, description="sampling temperature")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
     max_response_len: int = Field(default=3, ge=1, description="new tokens per response")
 
     # Liveness and mode.
-    heartbeat_timeout_s: float = Field(default=10.0, gt=0.0)
-    sync: bool = False
+    heartbeat_timeout_s: float = Field(
+        default=10.0, gt=0.0, description="seconds without a heartbeat before a cell is dead"
+    )
+    sync: bool = Field(
+        default=False, description="generate only while the trainer waits (no overlap)"
+    )
 
     @field_validator("run_id")
     @classmethod
@@ -109,23 +143,6 @@ class RunConfig(BaseModel):
         """Groups the data buffer holds before the producer blocks."""
         return self.async_data_buffer_capacity_factor * self.rollout_batch_size
 
-    def db_url(self, run_id: str | None = None) -> str:
-        """The ledger URL: ``db`` if set, else ``sqlite:///runs/<run-id>/ledger.db``.
-
-        ``run_id`` overrides the config's own (useful when the CLI generates one).
-
-        Raises:
-            ConfigError: neither ``db`` nor a run id is known.
-        """
-        if self.db is not None:
-            return self.db
-        run_id = run_id or self.run_id
-        if run_id is None:
-            raise ConfigError(
-                "db: not set and no run_id to derive sqlite:///runs/<run-id>/ledger.db"
-            )
-        return f"sqlite:///runs/{run_id}/ledger.db"
-
     @classmethod
     def from_yaml(
         cls, path: str | Path | None, overrides: dict[str, Any] | None = None
@@ -139,16 +156,17 @@ class RunConfig(BaseModel):
 
         Raises:
             ConfigError: the file cannot be read or parsed, is not a mapping, has an unknown
-                key, or a value is invalid. The message is one line naming the field or file.
+                key, or a value (or a combination of values) is invalid. The message is one
+                line naming the field or file.
         """
-        fields: dict[str, Any] = {}
-        if path is not None:
-            fields.update(_read_yaml_mapping(Path(path)))
-        for key, value in (overrides or {}).items():
-            if value is not None:
-                fields[_normalise_key(key)] = value
+        fields = _read_yaml_mapping(Path(path)) if path is not None else {}
+        fields.update(
+            (_normalise_key(key), value)
+            for key, value in (overrides or {}).items()
+            if value is not None
+        )
         try:
-            return cls(**fields)
+            return cls.model_validate(fields)
         except ValidationError as exc:
             raise ConfigError(_one_line(exc)) from None
 
@@ -159,11 +177,9 @@ def _normalise_key(key: object) -> str:
 
 def _read_yaml_mapping(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
-    try:
-        loaded = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         detail = " ".join(str(exc).split())
         raise ConfigError(f"{path}: invalid YAML: {detail}") from None
@@ -179,9 +195,12 @@ def _read_yaml_mapping(path: Path) -> dict[str, Any]:
 def _one_line(exc: ValidationError) -> str:
     parts = []
     for error in exc.errors():
-        field = ".".join(str(part) for part in error["loc"]) or "config"
+        field = ".".join(str(part) for part in error["loc"])
         if error["type"] == "extra_forbidden":
             parts.append(f"{field}: unknown option")
-            continue
-        parts.append(f"{field}: {error['msg']} (got {error.get('input')!r})")
+        elif not field:
+            # A cross-field check: its message already names the field it blames.
+            parts.append(str(error.get("ctx", {}).get("error", error["msg"])))
+        else:
+            parts.append(f"{field}: {error['msg']} (got {error.get('input')!r})")
     return "; ".join(parts)

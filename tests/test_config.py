@@ -5,6 +5,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
+from ledger.run_layout import DEFAULT_RUNS_DIR, RunLayout, default_ledger_url
 from orchestrator.config import ConfigError, RunConfig
 
 
@@ -17,15 +18,15 @@ def test_defaults_suit_a_short_cpu_run():
     assert config.async_unused_samples_handler == "retry"
     assert config.buffer_capacity == 32
     assert config.backend == "torch" and config.transport == "full"
-    assert config.indep_dp is True and config.sync is False
+    assert config.sync is False
+    assert config.db is None  # the run directory's own SQLite file, see run_layout
 
 
 def test_db_defaults_to_a_sqlite_file_under_runs():
-    assert RunConfig(run_id="r1").db_url() == "sqlite:///runs/r1/ledger.db"
-    assert RunConfig().db_url("cli-run") == "sqlite:///runs/cli-run/ledger.db"
-    assert RunConfig(db="postgresql+psycopg://h/db").db_url("x") == "postgresql+psycopg://h/db"
-    with pytest.raises(ConfigError, match="db"):
-        RunConfig().db_url()
+    # The default is a run convention (ledger.run_layout), not a RunConfig method.
+    assert default_ledger_url(DEFAULT_RUNS_DIR / "r1") == "sqlite:///runs/r1/ledger.db"
+    layout = RunLayout.of(DEFAULT_RUNS_DIR, "cli-run")
+    assert layout.ledger_url == "sqlite:///runs/cli-run/ledger.db"
 
 
 def test_from_yaml_applies_file_then_overrides(tmp_path):
@@ -76,6 +77,10 @@ def test_unreadable_or_malformed_file_names_the_file(tmp_path):
             RunConfig.from_yaml(path)
         assert str(path) in str(caught.value)
         assert "\n" not in str(caught.value)
+
+
+def test_every_field_has_help_text():
+    assert all(field.description for field in RunConfig.model_fields.values())
 
 
 def test_config_is_frozen_and_forbids_extra_keys():
