@@ -7,6 +7,8 @@ it is the field's help text in ``orchestrator run --help``, where each field is 
 
 A config is frozen: code that needs a variant builds a new one with ``model_copy(update=...)``
 (which does not re-validate) or, better, :meth:`RunConfig.from_yaml` / ``RunConfig(**fields)``.
+Checks that span fields (``rollout_batch_size >= num_cells``) live in the model too, so every
+way of building a config refuses the same combinations.
 
 Invalid values fail at load with :class:`ConfigError`, a one-line ``ValueError`` that names the
 field (or the unreadable file), so a CLI can print it and exit 2.
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = ["ConfigError", "RunConfig"]
 
@@ -137,6 +139,17 @@ class RunConfig(BaseModel):
         if value is not None and "://" not in value:
             raise ValueError("must be a SQLAlchemy URL such as sqlite:///runs/x/ledger.db")
         return value
+
+    @model_validator(mode="after")
+    def _check_topology(self) -> RunConfig:
+        # Each step's batch is split across the alive cells: a cell with no group would have no
+        # gradient to contribute to the step's average.
+        if self.rollout_batch_size < self.num_cells:
+            raise ValueError(
+                f"rollout_batch_size: {self.rollout_batch_size} cannot feed {self.num_cells} "
+                "cells: every cell needs at least one group per step"
+            )
+        return self
 
     @property
     def buffer_capacity(self) -> int:

@@ -53,6 +53,7 @@ def test_from_yaml_applies_file_then_overrides(tmp_path):
         ({"run_id": "../escape"}, "run_id"),
         ({"db": "runs/ledger.db"}, "db"),
         ({"no_such_option": 1}, "no_such_option"),
+        ({"rollout_batch_size": 2, "num_cells": 3}, "rollout_batch_size"),
     ],
 )
 def test_invalid_value_fails_with_one_line_naming_the_field(overrides, field):
@@ -77,6 +78,13 @@ def test_unreadable_or_malformed_file_names_the_file(tmp_path):
             RunConfig.from_yaml(path)
         assert str(path) in str(caught.value)
         assert "\n" not in str(caught.value)
+
+
+def test_every_cell_needs_a_group_per_step():
+    assert RunConfig(rollout_batch_size=3, num_cells=3).num_cells == 3
+
+    with pytest.raises(pydantic.ValidationError, match="cannot feed 3 cells"):
+        RunConfig(rollout_batch_size=2, num_cells=3)
 
 
 def test_every_field_has_help_text():
