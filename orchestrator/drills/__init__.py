@@ -1,1 +1,31 @@
-"""Recovery drills: the runner, scenarios with their fault primitives, and the drill checker."""
+"""Recovery drills: real faults in a real short run, then a check of DESIGN section 4.
+
+Modules, one job each (arrows are imports; there is no circle)::
+
+    context    the DrillContext protocol, FaultPlan / FaultRecord, the drills' errors
+    checker    the drill checker: Ledger.verify() plus drill-only checks over the folded run
+    faults     process faults: pid lookup, SIGKILL and wait, SIGSTOP, the hook-armed kills
+    outages    database outages: PostgreSQL stopped, the SQLite write lock held
+    scenarios  each scenario's name, points, steps, inject and expect       -> context, checker,
+                                                                               faults, outages
+    planning   which drills to run (default or seeded chaos plans)          -> context, scenarios
+    runner     runs a drill with its JobHooks, judges it, records verdicts  -> all of the above
+"""
+
+from orchestrator.drills.context import DrillContext, DrillError, FaultPlan
+from orchestrator.drills.planning import plan_drills
+from orchestrator.drills.runner import DrillOptions, DrillResult, run_drill, run_drills
+from orchestrator.drills.scenarios import SCENARIOS, Scenario
+
+__all__ = [
+    "SCENARIOS",
+    "DrillContext",
+    "DrillError",
+    "DrillOptions",
+    "DrillResult",
+    "FaultPlan",
+    "Scenario",
+    "plan_drills",
+    "run_drill",
+    "run_drills",
+]

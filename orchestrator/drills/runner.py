@@ -6,12 +6,12 @@ commit). Each drill:
 
 1. declares its schedule up front as a :class:`FaultPlan` (scenario, step, point), recorded in
    a ``drill_started`` event before the run trains;
-2. runs a short fully-async job (Ray cells, engines, rollout manager, the ledger) whose
-   ``on_step`` hook lets the nemesis act *from outside* at the planned step: SIGKILL/SIGSTOP of
-   the real worker processes, the database server stopped or its file locked, the job stopped
-   and resumed. Where a fault must land between the publisher's update steps the nemesis drives
-   the publisher's public ``begin_update`` / ``transfer`` / ``commit`` itself, then kills it; no
-   production class carries a fault hook;
+2. runs a short fully-async job (Ray cells, engines, rollout manager, the ledger) with the
+   drill's :class:`DrillHooks`: at the planned step's ``on_step_end`` the scenario injects its
+   fault from outside (SIGKILL/SIGSTOP of the real worker processes, the database stopped or
+   its file locked, the job stopped and resumed), or arms a fault primitive that the control
+   plane then calls at its named hook points (inside the next training step, or right before
+   the next publish). No production object is modified;
 3. records that the fault really fired (``fault_injected``, with the head at that moment): a
    drill whose fault did not fire fails, so no drill passes by not injecting;
 4. lets the run recover and go on for a few steps, then judges the history with
@@ -20,8 +20,6 @@ commit). Each drill:
 
 A run that does not finish within ``deadline_s`` (a recovery that never comes) fails too: its
 actors are killed so the drill returns.
-
-``plan_drills(..., seed, repeat)`` draws steps and points at random (chaos mode), reproducibly.
 """
 
 from __future__ import annotations
@@ -39,25 +37,21 @@ from typing import Any
 
 import ray
 
-from ledger import Ledger
-from orchestrator.control import launch
-from orchestrator.drills.checker import check_run, first_commit_after, seconds_between
+from ledger import EventKind, Ledger
+from ledger.run_layout import NEGATIVE_STALENESS_KEY, RunLayout
 from orchestrator.config import RunConfig
+from orchestrator.control import launch
 from orchestrator.control.driver import JobOptions, TrainingJob
-from orchestrator.drills.scenarios import (
-    SCENARIOS,
-    DrillError,
-    FaultPlan,
-    FaultRecord,
-    Scenario,
-    StopRun,
-    error_name,
-    utcnow_naive,
-)
+from orchestrator.control.hooks import JobHooks
+from orchestrator.drills.checker import CheckReport, check_run, first_commit_after, seconds_between
+from orchestrator.drills.context import DrillError, FaultPlan, FaultRecord, StopRun, error_name
+from orchestrator.drills.planning import plan_drills
+from orchestrator.drills.scenarios import SCENARIOS, Scenario
 
 __all__ = [
     "SCENARIOS",
     "DrillError",
+    "DrillHooks",
     "DrillOptions",
     "DrillResult",
     "FaultPlan",
@@ -107,10 +101,39 @@ class DrillOptions:
     job_class: type[TrainingJob] = TrainingJob
 
 
-# ---------------------------------------------------------------------------------- running
+class DrillHooks(JobHooks):
+    """The job hooks of one drill: inject the scenario's fault at the planned step's end, and
+    forward every hook point to the fault primitives the scenario armed."""
+
+    def __init__(self, drill: _Drill) -> None:
+        self.drill = drill
+        self.armed: list[JobHooks] = []
+
+    def before_train_step(self, job: TrainingJob, step: int) -> None:
+        for hooks in list(self.armed):
+            hooks.before_train_step(job, step)
+
+    def after_train_step(self, job: TrainingJob, step: int) -> None:
+        for hooks in list(self.armed):
+            hooks.after_train_step(job, step)
+
+    def before_publish(self, job: TrainingJob) -> None:
+        for hooks in list(self.armed):
+            hooks.before_publish(job)
+
+    def on_step_end(self, job: TrainingJob, step: int) -> None:
+        drill = self.drill
+        if step == drill.plan.step and not drill.record.fired:
+            logger.warning("drill %s: injecting %s after step %d", drill.plan.scenario,
+                           drill.plan.point, step + 1)
+            drill.scenario.inject(drill, job)
+        for hooks in list(self.armed):
+            hooks.on_step_end(job, step)
+
 
 class _Drill:
-    """One drill's state: its plan, run, ledger handle, and what the nemesis recorded."""
+    """One drill's state: its plan, run, ledger handle, and what its fault recorded. It is
+    the :class:`~orchestrator.drills.context.DrillContext` its scenario acts through."""
 
     def __init__(self, plan: FaultPlan, scenario: Scenario, options: DrillOptions) -> None:
         self.plan = plan
@@ -119,11 +142,12 @@ class _Drill:
         self.rng = random.Random(f"{options.seed}:{plan}")
         self.run_id = (f"drill-{plan.scenario}-{datetime.now(UTC):%Y%m%d-%H%M%S}-"
                        f"{secrets.token_hex(2)}")
-        self.run_dir = Path(options.runs_dir) / self.run_id
-        self.ledger_url = options.db or f"sqlite:///{self.run_dir / 'ledger.db'}"
+        self.layout = RunLayout.of(options.runs_dir, self.run_id)
+        self.ledger_url = options.db or self.layout.ledger_url
         self.record = FaultRecord()
-        self.report: Any = None
-        self.ledger: Ledger | None = None
+        self.hooks = DrillHooks(self)
+        self.layout.run_dir.mkdir(parents=True, exist_ok=True)
+        self.ledger = Ledger.open(self.ledger_url)
         self._threads: list[threading.Thread] = []
 
     def config(self) -> RunConfig:
@@ -135,71 +159,37 @@ class _Drill:
             heartbeat_timeout_s=DRILL_HEARTBEAT_S, seed=self.options.seed,
         )
 
+    # ---- DrillContext
+
     def fired(self, job: TrainingJob, **detail: Any) -> None:
-        """Record that the fault fired now (head and time) and append ``fault_injected``."""
-        head = job.ledger.head(job.run_id)
-        self.record.fired = True
-        self.record.fired_at = utcnow_naive()
-        self.record.seq_at_fault, self.record.version_before = head.seq, head.version
-        self.record.detail.update(detail)
+        self.record.mark_fired(job.ledger.head(job.run_id), **detail)
         self.record_fault_event()
 
     def record_fault_event(self) -> None:
-        self.ledger.append(self.run_id, "fault_injected", {
+        record = self.record
+        self.ledger.append(self.run_id, EventKind.FAULT_INJECTED, {
             "scenario": self.plan.scenario, "point": self.plan.point, "step": self.plan.step,
-            "fired_at": self.record.fired_at.isoformat() if self.record.fired_at else None,
-            "version_before": self.record.version_before,
-            "detail": {k: v for k, v in self.record.detail.items() if _jsonable(v)},
+            "fired_at": record.fired_at.isoformat() if record.fired_at else None,
+            "version_before": record.version_before,
+            "detail": {k: v for k, v in record.detail.items() if _jsonable(v)},
         })
 
     def background(self, thread: threading.Thread) -> None:
         self._threads.append(thread)
         thread.start()
 
+    def arm(self, hooks: JobHooks) -> None:
+        self.hooks.armed.append(hooks)
+
+    # ---- the runner's own
+
     def join_background(self) -> None:
         for thread in self._threads:
             thread.join(timeout=300)
 
-    def on_step(self, job: TrainingJob, step: int) -> None:
-        if step == self.plan.step and not self.record.fired:
-            logger.warning("drill %s: injecting %s after step %d", self.plan.scenario,
-                           self.plan.point, step + 1)
-            self.scenario.inject(self, job)
-
 
 def _jsonable(value: Any) -> bool:
     return isinstance(value, str | int | float | bool | list | dict | type(None))
-
-
-def plan_drills(names: list[str], seed: int | None = None, repeat: int = 1) -> list[FaultPlan]:
-    """The drills to run: ``names`` (or ``["all"]``) x ``repeat``.
-
-    Without a seed and with ``repeat == 1``, each scenario at its default step (its second
-    allowed one, so a checkpoint and some history exist) and its first point. With a
-    seed or repeats (chaos mode), steps, points, kill delays and outage lengths are drawn from
-    ``random.Random(seed)``: the same seed gives the same plans.
-
-    Raises:
-        DrillError: an unknown scenario name, or ``repeat < 1``.
-    """
-    if names == ["all"] or "all" in names:
-        names = list(SCENARIOS)
-    unknown = [n for n in names if n not in SCENARIOS]
-    if unknown:
-        raise DrillError(f"unknown scenario {unknown[0]!r}; choose from "
-                         f"{', '.join(SCENARIOS)} or all")
-    if repeat < 1:
-        raise DrillError(f"--repeat must be at least 1, got {repeat}")
-    if seed is None and repeat == 1:
-        return [FaultPlan(n, SCENARIOS[n].steps[min(1, len(SCENARIOS[n].steps) - 1)],
-                          SCENARIOS[n].points[0]) for n in names]
-    rng = random.Random(seed if seed is not None else 0)
-    return [
-        FaultPlan(n, rng.choice(SCENARIOS[n].steps), rng.choice(SCENARIOS[n].points),
-                  delay_s=round(rng.uniform(0.0, 0.005), 4),
-                  hold_s=round(rng.uniform(3.0, 8.0), 1))
-        for _ in range(repeat) for n in names
-    ]
 
 
 def run_drills(plans: list[FaultPlan], options: DrillOptions = DrillOptions(),
@@ -230,27 +220,25 @@ def run_drill(plan: FaultPlan, options: DrillOptions = DrillOptions()) -> DrillR
     if scenario is None:
         raise DrillError(f"unknown scenario {plan.scenario!r}")
     drill = _Drill(plan, scenario, options)
-    drill.run_dir.mkdir(parents=True, exist_ok=True)
     config = drill.config()
     started = time.monotonic()
-    drill.ledger = Ledger.open(drill.ledger_url)
     job: TrainingJob | None = None
     try:
         launch.init_ray(config, options.ray_address)
         drill.ledger.start_run(drill.run_id, config=config.model_dump(mode="json"))
-        drill.ledger.append(drill.run_id, "drill_started", {
+        drill.ledger.append(drill.run_id, EventKind.DRILL_STARTED, {
             "scenario": plan.scenario, "point": plan.point, "step": plan.step,
             "delay_s": plan.delay_s, "hold_s": plan.hold_s, "seed": options.seed,
         })
         job, problems = _run_jobs(drill, config)
         drill.join_background()
-        drill.report = check_run(drill.ledger, drill.run_id)
-        problems += drill.report.problems
+        report = check_run(drill.ledger, drill.run_id)
+        problems += report.problems
         if not drill.record.fired:
             problems.insert(0, "the fault never fired")
         else:
-            problems += drill.record.problems + _expectations(drill, job)
-        return _verdict(drill, problems, time.monotonic() - started)
+            problems += drill.record.problems + _expectations(drill, job, report)
+        return _verdict(drill, report, problems, time.monotonic() - started)
     finally:
         if job is not None:
             job.shutdown()
@@ -258,10 +246,10 @@ def run_drill(plan: FaultPlan, options: DrillOptions = DrillOptions()) -> DrillR
         drill.ledger.close()
 
 
-def _expectations(drill: _Drill, job: TrainingJob | None) -> list[str]:
+def _expectations(drill: _Drill, job: TrainingJob | None, report: CheckReport) -> list[str]:
     """The scenario's own checks; one that cannot even be evaluated is a problem too."""
     try:
-        return drill.scenario.expect(drill, job)
+        return drill.scenario.expect(drill, job, report.state)
     except Exception as exc:  # noqa: BLE001 - e.g. the actor to question is dead
         return [f"could not check {drill.plan.scenario}: {error_name(exc)}: {str(exc)[:200]}"]
 
@@ -270,14 +258,14 @@ def _run_jobs(drill: _Drill, config: RunConfig) -> tuple[TrainingJob | None, lis
     """Run the job (twice for a resume drill) under the deadline; returns the last job (its
     actors still up, for the scenario's checks) and any problem with the run itself."""
     options = JobOptions(runs_dir=drill.options.runs_dir, progress=False, plot=False,
-                         on_step=drill.on_step)
-    job = drill.options.job_class(config, drill.ledger, drill.run_dir, options)
+                         hooks=drill.hooks)
+    job = drill.options.job_class(config, drill.ledger, drill.layout, options)
     error = _run_with_deadline(job, drill.options.deadline_s)
     if isinstance(error, StopRun):
         job.shutdown()
         resumed = JobOptions(resume=True, runs_dir=drill.options.runs_dir, progress=False,
                              plot=False)
-        job = drill.options.job_class(config, drill.ledger, drill.run_dir, resumed)
+        job = drill.options.job_class(config, drill.ledger, drill.layout, resumed)
         error = _run_with_deadline(job, drill.options.deadline_s)
     if error is None:
         return job, []
@@ -301,35 +289,37 @@ def _run_with_deadline(job: TrainingJob, deadline_s: float) -> BaseException | N
     if not thread.is_alive():
         return outcome["error"]
     negative = _negative_staleness_now(job)
-    for actor in [job.manager, *job.engines.values()]:
+    supervisor = job.supervisor
+    for actor in [supervisor.manager, *supervisor.engines.values()]:
         try:
             ray.kill(actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
+        except Exception:  # noqa: BLE001 - already gone (or never started)
             pass
-    if job.cells is not None:
-        job.cells.stop()
+    supervisor.cells.stop()
     thread.join(120)
     return TimeoutError(f"no recovery: the run did not finish within {deadline_s:g}s "
                         f"(negative staleness counted so far: {negative})")
 
 
 def _negative_staleness_now(job: TrainingJob) -> int | None:
+    """The live count from the rollout manager (the job's own total is only updated at step
+    ends, and a stuck job has none), or None if the manager does not answer."""
     try:
-        metrics = ray.get(job.manager.metrics.remote(), timeout=10)
+        metrics = ray.get(job.supervisor.manager.metrics.remote(), timeout=10)
     except Exception:  # noqa: BLE001 - the manager may be the thing that is stuck
         return None
-    return int(metrics.get("rollout/fully_async/negative_staleness_total", 0))
+    return int(metrics.get(NEGATIVE_STALENESS_KEY, 0))
 
 
-def _verdict(drill: _Drill, problems: list[str], wall_s: float) -> DrillResult:
+def _verdict(drill: _Drill, report: CheckReport, problems: list[str],
+             wall_s: float) -> DrillResult:
     recover_s = None
     if drill.record.fired_at is not None:
-        commit = first_commit_after(drill.ledger, drill.run_id, drill.record.seq_at_fault)
+        commit = first_commit_after(report.state, drill.record.seq_at_fault)
         if commit is not None:
             recover_s = round(seconds_between(drill.record.fired_at, commit.recorded_at), 3)
         else:
             problems.append("no version was committed after the fault")
-    report = drill.report
     result = DrillResult(
         plan=drill.plan, run_id=drill.run_id, ledger_url=drill.ledger_url,
         passed=not problems, recover_s=recover_s, version_before=drill.record.version_before,
@@ -337,7 +327,7 @@ def _verdict(drill: _Drill, problems: list[str], wall_s: float) -> DrillResult:
         groups_lost=report.prompts_unaccounted, problems=problems, wall_s=round(wall_s, 1),
         detail=dict(drill.record.detail),
     )
-    drill.ledger.append(drill.run_id, "drill_verdict", {
+    drill.ledger.append(drill.run_id, EventKind.DRILL_VERDICT, {
         "scenario": drill.plan.scenario, "point": drill.plan.point, "step": drill.plan.step,
         "verdict": "pass" if result.passed else "fail", "recover_s": recover_s,
         "version_before": result.version_before, "version_after": result.version_after,
