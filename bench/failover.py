@@ -24,7 +24,7 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 
-from orchestrator.drills.runner import DrillOptions, DrillResult, plan_drills, run_drill  # noqa: E402
+from orchestrator.drills import DrillOptions, DrillResult, plan_drills, run_drill  # noqa: E402
 
 DEFAULT_SCENARIOS = [
     "kill-publisher-mid-train",

@@ -13,20 +13,22 @@ from pathlib import Path
 import pytest
 import ray
 
-from ledger import Ledger
+from ledger import EventKind, Ledger
 from orchestrator.control import launch
-from orchestrator.drills import scenarios as nemesis
 from orchestrator.control.driver import TrainingJob
-from orchestrator.drills.runner import (
+from orchestrator.control.engine_pool import RayEnginePool
+from orchestrator.control.publisher import PublishOutcome, Publisher
+from orchestrator.control.supervisor import Supervisor
+from orchestrator.drills import (
     SCENARIOS,
     DrillError,
     DrillOptions,
     DrillResult,
     FaultPlan,
+    Scenario,
     plan_drills,
     run_drill,
 )
-from orchestrator.control.engine_pool import RayEnginePool
 from orchestrator.rollout.manager import RolloutManager
 
 FAST_SQLITE = ["kill-publisher-mid-train", "kill-publisher-after-commit", "kill-engine"]
@@ -46,12 +48,13 @@ def assert_passed_and_recorded(result: DrillResult) -> None:
     ledger = Ledger.open(result.ledger_url, readonly=True)
     try:
         kinds = [e.kind for e in ledger.events(result.run_id)]
-        verdicts = [e.payload for e in ledger.events(result.run_id) if e.kind == "drill_verdict"]
+        verdicts = [e.payload for e in ledger.events(result.run_id)
+                    if e.kind == EventKind.DRILL_VERDICT]
         assert ledger.verify(result.run_id).ok
     finally:
         ledger.close()
-    assert kinds.index("drill_started") < kinds.index("fault_injected") < kinds.index(
-        "drill_verdict")
+    assert kinds.index(EventKind.DRILL_STARTED) < kinds.index(EventKind.FAULT_INJECTED) < (
+        kinds.index(EventKind.DRILL_VERDICT))
     assert verdicts[-1]["scenario"] == result.plan.scenario
     assert verdicts[-1]["verdict"] == "pass"
 
@@ -124,8 +127,7 @@ def test_drill_recovers_on_postgres(ray_cluster, tmp_path: Path, pg_url: str,
 def test_a_drill_whose_fault_never_fires_fails(ray_cluster, tmp_path: Path,
                                                monkeypatch) -> None:
     real = SCENARIOS["kill-follower"]
-    idle = nemesis.Scenario(real.name, real.points, real.steps, lambda drill, job: None,
-                            real.expect)
+    idle = Scenario(real.name, real.points, real.steps, lambda drill, job: None, real.expect)
     monkeypatch.setitem(SCENARIOS, "kill-follower", idle)
 
     result = drill("kill-follower", tmp_path)
@@ -145,31 +147,45 @@ class TrustingRolloutManager(RolloutManager):
         return self._weight_version
 
 
+class TrustingSupervisor(Supervisor):
+    """Starts the trusting manager (and replaces a dead one with another)."""
+
+    def start_manager(self, state_path: str | None = None) -> None:
+        make_prompt = functools.partial(launch._make_prompt, self.config.seed)
+        actor = ray.remote(num_cpus=launch.MANAGER_CPUS)(TrustingRolloutManager)
+        self.manager = actor.remote(self.config.db, self.run_id, self.config, make_prompt,
+                                    RayEnginePool(self.engines))
+        if state_path is not None:
+            ray.get(self.manager.load.remote(state_path))
+
+
+class CountingPublisher(Publisher):
+    """Publishes through the real path, then pushes its own count of publishes over the
+    ledger's version; a new publisher (a new epoch) starts counting from 1 again."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.count, self.epoch = 0, None
+
+    def publish_weights(self) -> PublishOutcome:
+        outcome = super().publish_weights()
+        if outcome.epoch != self.epoch:  # a new publisher: from 1
+            self.count, self.epoch = 0, outcome.epoch
+        self.count += 1
+        ray.get(self.supervisor.manager.set_weight_version.remote(self.count))
+        return outcome
+
+
 class InMemoryCounterJob(TrainingJob):
     """The other half (the seed's bug, miles-style): the driver counts its own publishes and
     pushes that count; a new publisher after a failover starts counting from 1 again. A test
     double built by subclassing, not a flag in production code."""
 
-    def start_rollouts(self, first_step: int) -> None:
-        make_prompt = functools.partial(launch._make_prompt, self.config.seed)
-        actor = ray.remote(num_cpus=launch.MANAGER_CPUS)(TrustingRolloutManager)
-        self.manager = actor.remote(self.ledger_url, self.run_id, self.config, make_prompt,
-                                    RayEnginePool(self.engines))
-
-    def start_cells(self) -> None:
-        super().start_cells()
-        cells, publish = self.cells, self.cells.update_weights
-        counter = {"count": 0, "promotions": cells.events.promotions}
-
-        def update_weights_with_counter(engines, rollout_manager=None):
-            version = publish(engines, None)
-            if cells.events.promotions != counter["promotions"]:  # a new publisher: from 1
-                counter.update(count=0, promotions=cells.events.promotions)
-            counter["count"] += 1
-            ray.get(self.manager.set_weight_version.remote(counter["count"]))
-            return version
-
-        cells.update_weights = update_weights_with_counter
+    def __init__(self, config, ledger, layout, options) -> None:
+        super().__init__(config, ledger, layout, options)
+        self.supervisor = TrustingSupervisor(config, ledger, layout,
+                                             create_engine=options.engine_factory)
+        self.publisher = CountingPublisher(self.supervisor, self.hooks, job=self)
 
 
 @pytest.mark.ray
