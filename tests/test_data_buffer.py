@@ -6,12 +6,14 @@ import asyncio
 
 import pytest
 
-from orchestrator.rollout.data_buffer import METRIC_PREFIX, DataBuffer, reject_uniform_rewards
+from ledger.run_layout import FULLY_ASYNC_PREFIX
+from orchestrator.rollout.data_buffer import DataBuffer
 from orchestrator.rollout.data_source import PromptSource
+from orchestrator.rollout.staleness import reject_uniform_rewards
 from orchestrator.rollout.types import Group, Prompt, Sample, SampleStatus
 from tests.fake_engines import make_prompt, run_async, settle
 
-M = METRIC_PREFIX
+M = FULLY_ASYNC_PREFIX
 
 
 def make_group(
@@ -30,10 +32,11 @@ def make_group(
             reward=reward,
             status=status,
             weight_versions=[] if version is None else [version],
+            recycle_count=recycle_count,
         )
         for i, reward in enumerate(rewards)
     ]
-    return Group(group_index=prompt.index, samples=samples, recycle_count=recycle_count)
+    return Group(group_index=prompt.index, samples=samples)
 
 
 async def produce(buffer: DataBuffer, source: PromptSource, version: int | None, **kw) -> Prompt:

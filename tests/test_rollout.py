@@ -7,13 +7,15 @@ import logging
 
 import pytest
 
-from orchestrator.rollout.data_buffer import METRIC_PREFIX, DataBuffer
+from ledger.run_layout import FULLY_ASYNC_PREFIX
+from orchestrator.rollout.data_buffer import DataBuffer
 from orchestrator.rollout.data_source import PromptSource
-from orchestrator.rollout.producer import EnginePool, FullyAsyncRolloutFn, ProducerDiedError
-from orchestrator.rollout.types import RolloutFnTrainInput, SampleStatus
+from orchestrator.rollout.errors import ProducerDiedError
+from orchestrator.rollout.producer import FullyAsyncRolloutFn
+from orchestrator.rollout.types import EnginePool, RolloutFnTrainInput, SampleStatus
 from tests.fake_engines import FakeEnginePool, make_prompt, run_async, settle
 
-M = METRIC_PREFIX
+M = FULLY_ASYNC_PREFIX
 
 
 def make_rollout(

@@ -9,18 +9,18 @@ import pickle
 import pytest
 
 from ledger import Ledger
+from ledger.run_layout import FULLY_ASYNC_PREFIX
 from orchestrator.config import RunConfig
-from orchestrator.rollout.data_buffer import METRIC_PREFIX
-from orchestrator.rollout.manager import (
-    RolloutManager,
+from orchestrator.rollout.errors import (
     RolloutVersionError,
     VersionAheadOfLedgerError,
     VersionRegressionError,
 )
+from orchestrator.rollout.manager import RolloutManager
 from orchestrator.rollout.types import VersionLabelError
 from tests.fake_engines import FakeEnginePool, build_ledger, make_prompt, run_async, settle
 
-M = METRIC_PREFIX
+M = FULLY_ASYNC_PREFIX
 RUN = "run-a"
 
 
@@ -114,7 +114,8 @@ def test_group_newer_than_the_manager_triggers_a_ledger_read_not_a_negative_stal
     epoch = build_ledger(sqlite_url, RUN, commits=4)
     pool = FakeEnginePool(version=4, gated=True)
     pool.stamp[0] = 5  # this engine is stamped with 5 as soon as 5 commits, before any push
-    manager = make_manager(sqlite_url, pool, rollout_batch_size=1, async_max_concurrent_samples=1)
+    manager = make_manager(sqlite_url, pool, rollout_batch_size=1, async_max_concurrent_samples=1,
+                           num_cells=1)  # one group per step needs one cell (RunConfig checks)
 
     async def scenario():
         drain = asyncio.create_task(manager.generate(0))  # reads head 4

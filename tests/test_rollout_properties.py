@@ -17,17 +17,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ledger import Ledger
+from ledger.run_layout import FULLY_ASYNC_PREFIX
 from orchestrator.config import RunConfig
-from orchestrator.rollout.data_buffer import METRIC_PREFIX
-from orchestrator.rollout.manager import (
-    RolloutManager,
-    VersionAheadOfLedgerError,
-    VersionRegressionError,
-)
+from orchestrator.rollout.errors import VersionAheadOfLedgerError, VersionRegressionError
+from orchestrator.rollout.manager import RolloutManager
 from orchestrator.rollout.types import SampleStatus
 from tests.fake_engines import FakeEnginePool, make_prompt, run_async, settle
 
-M = METRIC_PREFIX
+M = FULLY_ASYNC_PREFIX
 DRAIN_RELEASE_LIMIT = 400
 
 # (kind, push delta, abort? / commit during the drain?) with kinds repeated to weight them; unused fields are ignored.

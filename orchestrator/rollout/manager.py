@@ -15,79 +15,42 @@ The manager's ``weight_version`` is ``max(last accepted push, ledger head)``:
 
 So the version never decreases and is never above the ledger head (DESIGN invariant 6).
 
-Errors::
-
-    ValueError
-    └── RolloutVersionError         a pushed version the manager refuses (pickles across Ray)
-        ├── VersionRegressionError      below the manager's current version
-        └── VersionAheadOfLedgerError   above the ledger head
+Its refusals are :class:`~orchestrator.rollout.errors.RolloutVersionError` subclasses, which
+pickle across Ray. Its state file is :mod:`~orchestrator.rollout.manager_state`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from ledger import Ledger
+from ledger.run_layout import NEGATIVE_STALENESS_KEY, metric_key
 
-from orchestrator.config import RunConfig
-from orchestrator.rollout.data_buffer import METRIC_PREFIX, Accounting, DataBuffer, DynamicFilter
+from orchestrator.rollout.data_buffer import DataBuffer
 from orchestrator.rollout.data_source import PromptFactory, PromptSource
-from orchestrator.rollout.producer import DEFAULT_STALL_WARNING_S, EnginePool, FullyAsyncRolloutFn
-from orchestrator.rollout.types import RolloutFnTrainInput, RolloutFnTrainOutput, check_weight_version
+from orchestrator.rollout.errors import VersionAheadOfLedgerError, VersionRegressionError
+from orchestrator.rollout.manager_state import restore_state, save_state
+from orchestrator.rollout.producer import DEFAULT_STALL_WARNING_S, FullyAsyncRolloutFn
+from orchestrator.rollout.prompt_tracker import Accounting
+from orchestrator.rollout.staleness import DynamicFilter
+from orchestrator.rollout.types import (
+    EnginePool,
+    ReplaceableEnginePool,
+    RolloutConfig,
+    RolloutFnTrainInput,
+    RolloutFnTrainOutput,
+    check_weight_version,
+)
 
-__all__ = [
-    "RolloutManager",
-    "RolloutVersionError",
-    "VersionAheadOfLedgerError",
-    "VersionRegressionError",
-]
+__all__ = ["RolloutManager"]
 
 logger = logging.getLogger(__name__)
 
-_STATE_FORMAT = 1
+# Prefix of the manager's own counters in metrics(); the driver reads one of them. ledger.run_layout
+# has no name for it yet (requested), so it is spelled here only.
 _MANAGER_PREFIX = "rollout_manager/"
-
-
-class RolloutVersionError(ValueError):
-    """A pushed weight version the manager refused; its version is unchanged."""
-
-    def __init__(self, requested: int, reference: int, message: str) -> None:
-        self.requested = requested
-        self.reference = reference
-        super().__init__(message)
-
-    def __reduce__(self):
-        return (type(self), (self.requested, self.reference))
-
-
-class VersionRegressionError(RolloutVersionError):
-    """The pushed version is below the manager's current version (``reference``)."""
-
-    def __init__(self, requested: int, reference: int) -> None:
-        super().__init__(
-            requested,
-            reference,
-            f"refused weight version {requested}: below the current version {reference} "
-            "(versions never decrease; a restarted or newly promoted cell must take its "
-            "version from the ledger)",
-        )
-
-
-class VersionAheadOfLedgerError(RolloutVersionError):
-    """The pushed version is above the ledger head (``reference``): it was never committed."""
-
-    def __init__(self, requested: int, reference: int) -> None:
-        super().__init__(
-            requested,
-            reference,
-            f"refused weight version {requested}: above the ledger head {reference} "
-            "(only committed versions may be pushed)",
-        )
 
 
 class RolloutManager:
@@ -96,10 +59,10 @@ class RolloutManager:
     Args:
         ledger_url: the run's ledger (opened read-only here; the schema must exist).
         run_id: a started run.
-        config: the run's config.
+        config: the run's options (``RunConfig`` satisfies :class:`RolloutConfig`).
         make_prompt: deterministic ``index -> Prompt`` factory (the task's).
         engine_pool: the engines to generate with.
-        dynamic_filter: optional group filter (see :mod:`orchestrator.rollout.data_buffer`).
+        dynamic_filter: optional group filter (see :mod:`orchestrator.rollout.staleness`).
         stall_warning_s: drains waiting this long without a group log a warning.
 
     Not thread-safe: call it from one event loop (a Ray async actor serialises nothing, but
@@ -113,7 +76,7 @@ class RolloutManager:
         self,
         ledger_url: str,
         run_id: str,
-        config: RunConfig,
+        config: RolloutConfig,
         make_prompt: PromptFactory,
         engine_pool: EnginePool,
         *,
@@ -121,7 +84,7 @@ class RolloutManager:
         stall_warning_s: float = DEFAULT_STALL_WARNING_S,
     ) -> None:
         self.run_id = run_id
-        self.config = config
+        self._sync = config.sync
         self._ledger = Ledger.open(ledger_url, readonly=True)
         try:
             self._weight_version = self._ledger.head(run_id).version
@@ -211,8 +174,9 @@ class RolloutManager:
         """Drain one training batch of ``rollout_batch_size`` groups, sorted by group index.
 
         Reads the ledger head first. With ``config.sync`` the producer is paused again after
-        the drain, so nothing is generated while the trainer works. Metrics include ``rollout/fully_async/weight_version``
-        (the version staleness was measured against at the end of the drain).
+        the drain, so nothing is generated while the trainer works. Metrics include
+        ``rollout/fully_async/weight_version`` (the version staleness was measured against at
+        the end of the drain).
 
         Raises:
             ProducerDiedError: the producer died (an engine pool failure) or was shut down.
@@ -223,8 +187,8 @@ class RolloutManager:
             RolloutFnTrainInput(rollout_id=rollout_id, weight_version=version),
             self._current_version,
         )
-        output.metrics[METRIC_PREFIX + "weight_version"] = self._weight_version
-        if self.config.sync:
+        output.metrics[metric_key("weight_version")] = self._weight_version
+        if self._sync:
             # The synchronous baseline generates only while a drain waits for it.
             await self._rollout.pause()
         return output
@@ -240,10 +204,9 @@ class RolloutManager:
         Raises:
             TypeError: this manager's engine pool cannot take replacements.
         """
-        replace = getattr(self._engine_pool, "replace", None)
-        if replace is None:
+        if not isinstance(self._engine_pool, ReplaceableEnginePool):
             raise TypeError(f"{type(self._engine_pool).__name__} cannot replace engines")
-        replace(engine_id, handle)
+        self._engine_pool.replace(engine_id, handle)
         logger.info("run %s: engine %s replaced", self.run_id, engine_id)
 
     def accounting(self) -> Accounting:
@@ -270,11 +233,11 @@ class RolloutManager:
         """Cumulative manager metrics: version, refusals, totals, prompt accounting."""
         accounting = self._buffer.accounting()
         return {
-            METRIC_PREFIX + "weight_version": self._weight_version,
-            METRIC_PREFIX + "negative_staleness_total": self._buffer.negative_staleness_total,
-            METRIC_PREFIX + "missing_version_total": self._buffer.missing_version_total,
-            METRIC_PREFIX + "queue_size": self._buffer.queue_size,
-            METRIC_PREFIX + "recycled_total": self._buffer.recycled_total,
+            metric_key("weight_version"): self._weight_version,
+            NEGATIVE_STALENESS_KEY: self._buffer.negative_staleness_total,
+            metric_key("missing_version_total"): self._buffer.missing_version_total,
+            metric_key("queue_size"): self._buffer.queue_size,
+            metric_key("recycled_total"): self._buffer.recycled_total,
             _MANAGER_PREFIX + "ledger_reads": self._ledger_reads,
             _MANAGER_PREFIX + "pushes_accepted": self._pushes_accepted,
             _MANAGER_PREFIX + "version_regressions_refused": self._regressions_refused,
@@ -294,59 +257,28 @@ class RolloutManager:
         The weight version is not saved: a restored manager takes it from the ledger. Prompts
         in flight, buffered or recycled are saved as pending, so a manager restored from this
         file regenerates them first and loses none (prompts trained after the save are
-        regenerated too: at least once). Returns the path written.
+        regenerated too: at least once). Returns the path written. Safe to retry.
 
         Raises:
             OSError: the file could not be written; an older file at ``path`` is unchanged.
         """
-        state = {
-            "format": _STATE_FORMAT,
-            "run_id": self.run_id,
-            "source": self._source.state_dict(),
-            "buffer": self._buffer.state_dict(),
-        }
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(state, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return str(target)
+        return save_state(path, self.run_id, self._source, self._buffer)
 
     def load(self, path: str | os.PathLike[str]) -> None:
         """Restore what :meth:`save` wrote, into a manager that has not generated yet.
 
         Raises:
             RuntimeError: this manager already started its producer or handed out prompts.
-            ValueError: the file is for another run, another format, or malformed.
+            ValueError: the file is for another run, another format, or malformed; nothing
+                was restored.
             OSError: the file cannot be read.
         """
         if self._rollout.started or self._buffer.accounting().entered:
             raise RuntimeError("load() needs a fresh manager (before the first generate)")
-        try:
-            state = json.loads(Path(path).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not a rollout manager state file: {exc}") from None
-        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise ValueError(f"{path}: unknown rollout manager state format")
-        if state.get("run_id") != self.run_id:
-            raise ValueError(f"{path}: state of run {state.get('run_id')!r}, not {self.run_id!r}")
-        source = PromptSource(self._source.make)
-        source.load_state_dict(state["source"])
-        pending = state["buffer"].get("pending", [])
-        if any(int(index) >= source.next_index for index, _ in pending):
-            raise ValueError(f"{path}: a pending prompt is beyond the saved source position")
-        self._buffer.load_state_dict(state["buffer"], self._source.make)
-        self._source.load_state_dict(state["source"])
+        pending = restore_state(path, self.run_id, self._source, self._buffer)
         logger.info(
             "run %s: restored prompt position %d and %d pending prompts from %s",
-            self.run_id, self._source.next_index, len(pending), path,
+            self.run_id, self._source.next_index, pending, path,
         )
 
     async def shutdown(self) -> None:

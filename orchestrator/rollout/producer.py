@@ -1,14 +1,15 @@
 """FullyAsyncRolloutFn: a long-lived producer that keeps engines busy, and the drain.
 
 The producer runs on the caller's event loop as one task. It keeps at most
-``max_concurrent_groups`` prompt groups in flight against an :class:`EnginePool` (a group stays
-in flight until the buffer accepted it, so a full buffer stops the producer taking prompts),
-takes recycled prompts before fresh ones, and puts finished groups in the
-:class:`~orchestrator.rollout.data_buffer.DataBuffer`. ``drain`` collects one training batch.
+``max_concurrent_groups`` prompt groups in flight against an
+:class:`~orchestrator.rollout.types.EnginePool` (a group stays in flight until the buffer
+accepted it, so a full buffer stops the producer taking prompts), takes recycled prompts before
+fresh ones, and puts finished groups in the :class:`~orchestrator.rollout.data_buffer.DataBuffer`.
+``drain`` collects one training batch.
 
 A failed generation kills the producer (its prompt goes back to the pending queue first); a
-drain then fails at once with :class:`ProducerDiedError`, even if groups are queued, so a broken
-engine pool is never hidden behind a few steps of buffered data.
+drain then fails at once with :class:`~orchestrator.rollout.errors.ProducerDiedError`, even if
+groups are queued, so a broken engine pool is never hidden behind a few steps of buffered data.
 """
 
 from __future__ import annotations
@@ -17,48 +18,30 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from orchestrator.rollout.data_buffer import METRIC_PREFIX, DataBuffer, PromptState, VersionProvider
+from ledger.run_layout import metric_key
+
+from orchestrator.rollout.data_buffer import DataBuffer
 from orchestrator.rollout.data_source import PromptSource
+from orchestrator.rollout.errors import ProducerDiedError
+from orchestrator.rollout.prompt_tracker import PromptState
+from orchestrator.rollout.staleness import VersionProvider
 from orchestrator.rollout.types import (
+    EnginePool,
     Group,
     Prompt,
+    RolloutConfig,
     RolloutFnTrainInput,
     RolloutFnTrainOutput,
     Sample,
 )
 
-if TYPE_CHECKING:
-    from orchestrator.config import RunConfig
-
-__all__ = ["EnginePool", "FullyAsyncRolloutFn", "ProducerDiedError"]
+__all__ = ["DEFAULT_STALL_WARNING_S", "FullyAsyncRolloutFn"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_STALL_WARNING_S = 30.0
-
-
-@runtime_checkable
-class EnginePool(Protocol):
-    """The rollout engines, seen from the control plane."""
-
-    async def generate(self, prompt: Prompt, n_samples: int, group_index: int) -> list[Sample]:
-        """Generate ``n_samples`` responses to ``prompt``.
-
-        Every returned sample has ``group_index`` and is stamped by the engine with the
-        version it ran under (``weight_versions=[label]``). A request aborted by a weight
-        update comes back with status ``ABORTED`` rather than raising. Raising means the pool
-        is broken: the producer dies.
-        """
-        ...
-
-
-class ProducerDiedError(RuntimeError):
-    """The rollout producer stopped (an exception, or :meth:`FullyAsyncRolloutFn.stop`).
-
-    The message names the cause; buffered groups stay buffered (none is lost).
-    """
+"""Seconds a drain waits without receiving a group before it logs a warning (and again)."""
 
 
 class FullyAsyncRolloutFn:
@@ -109,7 +92,7 @@ class FullyAsyncRolloutFn:
     @classmethod
     def from_config(
         cls,
-        config: RunConfig,
+        config: RolloutConfig,
         pool: EnginePool,
         source: PromptSource,
         buffer: DataBuffer,
@@ -219,7 +202,7 @@ class FullyAsyncRolloutFn:
                     f"for prompt {prompt.index}"
                 )
             sample.recycle_count = recycle_count
-        return Group(group_index=prompt.index, samples=samples, recycle_count=recycle_count)
+        return Group(group_index=prompt.index, samples=samples)
 
     # ----------------------------------------------------------------- drain
 
@@ -229,7 +212,7 @@ class FullyAsyncRolloutFn:
         """Collect ``rollout_batch_size`` groups that pass the buffer's screen, sorted by index.
 
         Starts the producer if needed. ``current_version_fn`` is the buffer's
-        :data:`~orchestrator.rollout.data_buffer.VersionProvider`. The output's metrics are the
+        :data:`~orchestrator.rollout.staleness.VersionProvider`. The output's metrics are the
         buffer's step metrics (see :meth:`DataBuffer.pop_step_metrics`) plus ``drain_time_s``.
 
         On failure or cancellation every group claimed so far goes back to the buffer.
@@ -254,7 +237,7 @@ class FullyAsyncRolloutFn:
             raise
         claimed.sort(key=lambda group: group.group_index)
         metrics = self.buffer.pop_step_metrics()
-        metrics[METRIC_PREFIX + "drain_time_s"] = time.monotonic() - started_at
+        metrics[metric_key("drain_time_s")] = time.monotonic() - started_at
         return RolloutFnTrainOutput(samples=[group.samples for group in claimed], metrics=metrics)
 
     async def _next_group(

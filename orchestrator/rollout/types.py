@@ -1,4 +1,10 @@
-"""Data contracts between rollout engines, the rollout path and the trainer.
+"""Contracts between rollout engines, the rollout path, the control plane and the trainer.
+
+Data (``Prompt``, ``Sample``, ``Group``, the rollout function's input and output) and the two
+interfaces the rollout path is given from outside: the :class:`EnginePool` it generates with
+and the :class:`RolloutConfig` it is shaped by (``orchestrator.config.RunConfig`` satisfies
+it). Imports nothing but the standard library and :mod:`orchestrator.rollout.errors`, so actors
+import this module without pulling in the ledger or Ray.
 
 Weight versions are plain ``int`` end to end: engines start at version 0 (the weights they are
 launched with) and are stamped with the versions the ledger commits. A label that is not an
@@ -10,11 +16,16 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from orchestrator.rollout.errors import VersionLabelError
 
 __all__ = [
+    "EnginePool",
     "Group",
     "Prompt",
+    "ReplaceableEnginePool",
+    "RolloutConfig",
     "RolloutFnTrainInput",
     "RolloutFnTrainOutput",
     "Sample",
@@ -22,10 +33,6 @@ __all__ = [
     "VersionLabelError",
     "check_weight_version",
 ]
-
-
-class VersionLabelError(ValueError):
-    """A weight-version label that is not a non-negative integer."""
 
 
 def check_weight_version(label: object) -> int:
@@ -103,7 +110,6 @@ class Group:
 
     group_index: int
     samples: list[Sample]
-    recycle_count: int = 0
 
     @property
     def oldest_weight_version(self) -> int | None:
@@ -136,3 +142,51 @@ class RolloutFnTrainOutput:
 
     samples: list[list[Sample]]
     metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class EnginePool(Protocol):
+    """The rollout engines, as the producer sees them (the control plane builds the pool)."""
+
+    async def generate(self, prompt: Prompt, n_samples: int, group_index: int) -> list[Sample]:
+        """Generate ``n_samples`` responses to ``prompt``.
+
+        Every returned sample has ``group_index`` and is stamped by the engine with the
+        version it ran under (``weight_versions=[label]``). A request aborted by a weight
+        update comes back with status ``ABORTED`` rather than raising. Raising means the pool
+        is broken: the producer dies.
+        """
+        ...
+
+
+@runtime_checkable
+class ReplaceableEnginePool(EnginePool, Protocol):
+    """An engine pool that can take a restarted engine under an existing id."""
+
+    def replace(self, engine_id: str, handle: Any) -> None:
+        """Serve from ``handle`` under ``engine_id`` from now on, and consider it alive."""
+        ...
+
+
+class RolloutConfig(Protocol):
+    """The run options the rollout path reads (``orchestrator.config.RunConfig`` has them).
+
+    Field meanings are documented on ``RunConfig``; the rollout path never imports it.
+    """
+
+    @property
+    def rollout_batch_size(self) -> int: ...
+    @property
+    def n_samples_per_prompt(self) -> int: ...
+    @property
+    def max_weight_staleness(self) -> int | None: ...
+    @property
+    def async_unused_samples_handler(self) -> Literal["drop", "retry"]: ...
+    @property
+    def buffer_capacity(self) -> int: ...
+    @property
+    def async_max_concurrent_samples(self) -> int: ...
+    @property
+    def max_recycles(self) -> int: ...
+    @property
+    def sync(self) -> bool: ...

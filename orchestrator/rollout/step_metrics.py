@@ -1,0 +1,105 @@
+"""The data buffer's per-step metrics: staleness statistics and what the screen filtered.
+
+Counters since the last :meth:`StepMetrics.pop`, plus a few run totals (negative staleness,
+missing versions, recycles) that a step never resets. Keys come from :mod:`ledger.run_layout`
+(prefix ``rollout/fully_async/``, DESIGN section 6), the one home of metric names.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledger.run_layout import (
+    NEGATIVE_STALENESS_KEY,
+    STALENESS_HISTOGRAM_KEY,
+    STALENESS_MAX_KEY,
+    metric_key,
+)
+
+from orchestrator.rollout.staleness import Rejection, Verdict
+
+__all__ = ["StepMetrics"]
+
+
+@dataclass
+class _StepCounts:
+    staleness: list[int] = field(default_factory=list)
+    stale_filtered: int = 0
+    aborted_filtered: int = 0
+    dynamic_filtered: int = 0
+    recycled: int = 0
+    starved: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+
+
+class StepMetrics:
+    """Counts what happens to groups during one training step, and a few run totals.
+
+    The totals ``negative_staleness_total`` and ``missing_version_total`` are saved with the
+    buffer's state (they must survive a restart: a negative staleness fails the run's audit);
+    ``recycled_total`` counts since this object was created.
+    """
+
+    def __init__(self) -> None:
+        self._step = _StepCounts()
+        self.negative_staleness_total = 0
+        self.missing_version_total = 0
+        self.recycled_total = 0
+
+    def screened(self, verdict: Verdict) -> None:
+        """Count a screen rejection (an accepted group is counted when trained)."""
+        rejection = verdict.rejection
+        if rejection is Rejection.ABORTED:
+            self._step.aborted_filtered += 1
+        elif rejection is Rejection.MISSING_VERSION:
+            self.missing_version_total += 1
+        elif rejection is Rejection.NEGATIVE_STALENESS:
+            self.negative_staleness_total += 1
+        elif rejection is Rejection.STALE:
+            self._step.stale_filtered += 1
+        elif rejection is Rejection.FILTERED:
+            self._step.dynamic_filtered += 1
+
+    def recycled(self) -> None:
+        self._step.recycled += 1
+        self.recycled_total += 1
+
+    def starved(self) -> None:
+        self._step.starved += 1
+
+    def dropped(self, reason: str) -> None:
+        self._step.dropped[reason] += 1
+
+    def trained(self, staleness: int) -> None:
+        self._step.staleness.append(staleness)
+
+    def pop(self, *, queue_size: int, recycle_queue_size: int, in_flight: int) -> dict[str, Any]:
+        """This step's metrics, keyed ``rollout/fully_async/<name>``; resets the step counts.
+
+        Staleness statistics cover the groups trained since the last call; the sizes given
+        are the buffer's at this moment.
+        """
+        step, self._step = self._step, _StepCounts()
+        lags = step.staleness
+        metrics: dict[str, Any] = {
+            metric_key("staleness_avg"): sum(lags) / len(lags) if lags else 0.0,
+            STALENESS_MAX_KEY: max(lags) if lags else 0,
+            STALENESS_HISTOGRAM_KEY: dict(sorted(Counter(lags).items())),
+            metric_key("trained"): len(lags),
+            metric_key("stale_filtered"): step.stale_filtered,
+            metric_key("aborted_filtered"): step.aborted_filtered,
+            metric_key("dynamic_filtered"): step.dynamic_filtered,
+            metric_key("recycled"): step.recycled,
+            metric_key("starved"): step.starved,
+            metric_key("dropped_total"): sum(step.dropped.values()),
+            NEGATIVE_STALENESS_KEY: self.negative_staleness_total,
+            metric_key("missing_version_total"): self.missing_version_total,
+            metric_key("queue_size"): queue_size,
+            metric_key("recycle_queue_size"): recycle_queue_size,
+            metric_key("in_flight"): in_flight,
+        }
+        for reason, count in sorted(step.dropped.items()):
+            metrics[metric_key(f"dropped/{reason}")] = count
+        return metrics
