@@ -220,14 +220,17 @@ class DataBuffer:
 
     @property
     def in_flight_count(self) -> int:
+        """Prompts being generated now (taken, not yet buffered)."""
         return self._prompts.in_flight_count
 
     @property
     def negative_staleness_total(self) -> int:
+        """Groups screened with a negative staleness, ever (saved with the state); must be 0."""
         return self._metrics.negative_staleness_total
 
     @property
     def missing_version_total(self) -> int:
+        """Groups screened with an unstamped sample, ever (saved with the state); must be 0."""
         return self._metrics.missing_version_total
 
     @property

@@ -114,6 +114,7 @@ class FullyAsyncRolloutFn:
 
     @property
     def started(self) -> bool:
+        """True while a producer task exists (from :meth:`start` until :meth:`pause`)."""
         return self._producer is not None
 
     @property

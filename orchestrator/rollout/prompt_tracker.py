@@ -67,6 +67,7 @@ class Accounting:
 
     @property
     def dropped_total(self) -> int:
+        """Prompts dropped, whatever the reason."""
         return sum(self.dropped.values())
 
     @property
@@ -79,6 +80,7 @@ class Accounting:
 
     @property
     def balanced(self) -> bool:
+        """True if every prompt that entered is in exactly one state (invariant 7)."""
         return self.unaccounted == 0
 
 
@@ -208,6 +210,7 @@ class PromptTracker:
 
     @property
     def in_flight_count(self) -> int:
+        """Prompts IN_FLIGHT now."""
         return sum(1 for entry in self._live.values() if entry.state is PromptState.IN_FLIGHT)
 
     def accounting(self) -> Accounting:

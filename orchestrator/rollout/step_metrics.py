@@ -63,16 +63,20 @@ class StepMetrics:
             self._step.dynamic_filtered += 1
 
     def recycled(self) -> None:
+        """Count a group whose prompt went back to the PENDING queue."""
         self._step.recycled += 1
         self.recycled_total += 1
 
     def starved(self) -> None:
+        """Count a prompt dropped as starved (it also counts as dropped)."""
         self._step.starved += 1
 
     def dropped(self, reason: str) -> None:
+        """Count a prompt dropped under ``reason``."""
         self._step.dropped[reason] += 1
 
     def trained(self, staleness: int) -> None:
+        """Count a group trained on at ``staleness``."""
         self._step.staleness.append(staleness)
 
     def pop(self, *, queue_size: int, recycle_queue_size: int, in_flight: int) -> dict[str, Any]:
