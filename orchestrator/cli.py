@@ -1,154 +1,213 @@
 """The ``orchestrator`` command: ``run`` (the main job) and ``drill`` (recovery drills).
 
-Thin by design: parse, build a :class:`RunConfig`, call one public function, render, map
-errors to exit codes. Every ``RunConfig`` field is a flag (``--max-weight-staleness 2``,
-``--indep-dp/--no-indep-dp``); ``--config FILE.yaml`` supplies defaults that flags override.
+Thin by design, like the ``ledger`` command (:mod:`ledger.cli.app`), and on the same stack
+(typer): parse, build a :class:`RunConfig`, call one public function, render
+(:mod:`orchestrator.render`), map errors to exit codes.
 
-Exit codes: 0 done, 1 the job or a drill failed, 2 bad input (unknown option, unreadable
-config, unreachable database, fewer CPUs than actors), always as one line on stderr.
+``run`` options: every ``RunConfig`` field is a flag (``--max-weight-staleness 2``, booleans
+as ``--sync/--no-sync``, ``Literal`` fields as choices) whose help is the field's
+``description``; ``--config FILE.yaml`` supplies values that flags override
+(:meth:`RunConfig.from_yaml`). The flags are built from ``RunConfig.model_fields`` by
+:func:`_with_run_config_options`: it writes the command's signature and typer turns each
+annotation into an option, so the only mapping written here is name -> ``--kebab-case``.
+
+Why not pydantic-settings (considered, not used): its CLI source (``CliSettingsSource``) is
+argparse, a second CLI stack beside the ``ledger`` command's typer, with argparse's own usage
+errors (a usage line, then the message) instead of our one line; its YAML source would replace
+one ``yaml.safe_load`` yet still need our checks (it skips a missing file silently) and our
+one-line errors; and a ``BaseSettings`` model reads environment variables into every
+``RunConfig()`` unless told not to. Typer already maps annotations to options (``int``,
+``float``, ``Literal`` -> choice, ``bool`` -> flag pair), which is all the reflection needed.
+
+Help is click-style plain text (``rich_markup_mode=None``): the rich option table truncates long
+option names on narrow terminals. A ``[default: (16)]`` in the help is the RunConfig default:
+the options themselves default to None ("not given"), so a value from ``--config`` survives
+unless a flag is given.
+
+Exit codes: 0 done; 1 the job or a drill failed; 2 bad input (unknown option or command, bad
+value, unreadable or invalid config, unknown config key, unreachable database, fewer CPUs than
+actors, unknown drill), always as one line ``orchestrator: error: ...`` on stderr, never a
+traceback; 130 interrupted.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
-import types
-import typing
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, NoReturn
 
-import click
+import typer
+from pydantic.fields import FieldInfo
 
+from ledger.run_layout import DEFAULT_RUNS_DIR
 from orchestrator.config import ConfigError, RunConfig
 from orchestrator.render import DrillTable, print_run_summary
 
-__all__ = ["main"]
+__all__ = ["app", "main"]
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 class UserError(Exception):
     """Bad input from the person at the terminal: one line, exit 2."""
 
 
-def _click_type(annotation: Any) -> tuple[Any, bool]:
-    """The click type for a RunConfig annotation, and whether the field is a boolean flag."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType) and len(args) == 1:
-        return _click_type(args[0])
-    if origin is typing.Literal:
-        return click.Choice([str(a) for a in typing.get_args(annotation)]), False
-    if annotation is bool:
-        return bool, True
-    if annotation in (int, float, str):
-        return annotation, False
-    return str, False
+app = typer.Typer(
+    name="orchestrator",
+    help="rl-ledger: fully-async RL post-training on a durable, fenced weight-version ledger.",
+    no_args_is_help=False,  # no command is a usage error ("Missing command."), one line like all
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: never truncates an option name (see module doc)
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 
 
-def _config_options(command):
-    """Decorate ``command`` with one option per RunConfig field."""
-    for name, field in reversed(list(RunConfig.model_fields.items())):
-        flag = name.replace("_", "-")
-        click_type, is_flag = _click_type(field.annotation)
-        help_text = field.description or f"RunConfig.{name} (default: {field.default!r})"
-        if is_flag:
-            option = click.option(
-                f"--{flag}/--no-{flag}", name, default=None, help=help_text
-            )
-        else:
-            option = click.option(f"--{flag}", name, type=click_type, default=None, help=help_text)
-        command = option(command)
+def _run_config_option(name: str, field: FieldInfo) -> Any:
+    """``Annotated[T | None, typer.Option(...)]`` for one RunConfig field; None = not given."""
+    flag = name.replace("_", "-")
+    if field.annotation is bool:
+        declaration = f"--{flag}/--no-{flag}"
+        shown_default: str | bool = flag if field.default else f"no-{flag}"
+    else:
+        declaration = f"--{flag}"
+        shown_default = False if field.default is None else str(field.default)
+    option = typer.Option(declaration, help=field.description, show_default=shown_default)
+    return Annotated[field.annotation | None, option]
+
+
+def _with_run_config_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give ``command`` one option per RunConfig field, passed in its ``**fields``.
+
+    Typer reads options from the signature, so this replaces ``**fields`` with one keyword
+    parameter per field, typed with the field's annotation; an option not given is None.
+    """
+    signature = inspect.signature(command, eval_str=True)
+    fixed = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    generated = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                          annotation=_run_config_option(name, field))
+        for name, field in RunConfig.model_fields.items()
+    ]
+    command.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*fixed, *generated]
+    )
     return command
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def cli() -> None:
-    """rl-ledger: fully-async RL post-training on a durable, fenced weight-version ledger."""
-
-
-@cli.command("run")
-@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
-              help="YAML file of RunConfig options; flags override it.")
-@click.option("--resume", is_flag=True, help="Continue RUN_ID from its newest checkpoint.")
-@click.option("--ray-address", default=None, help="Join this Ray cluster instead of starting one.")
-@click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs"),
-              show_default=True, help="Where runs/<run-id>/ (ledger, metrics, plot) go.")
-@click.option("--progress/--no-progress", default=True, help="Show the progress bar.")
-@_config_options
+@app.command("run")
+@_with_run_config_options
 def run_command(
-    config_path: Path | None,
-    resume: bool,
-    ray_address: str | None,
-    runs_dir: Path,
-    progress: bool,
-    **overrides: Any,
+    config_path: Annotated[
+        Path | None,
+        typer.Option("--config", help="YAML file of run config options; flags override it."),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue RUN_ID from its newest checkpoint.")
+    ] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", help="Join this Ray cluster instead of starting one."),
+    ] = None,
+    runs_dir: Annotated[
+        Path, typer.Option("--runs-dir", help="Where <run-id>/ (ledger, metrics, plot) goes.")
+    ] = DEFAULT_RUNS_DIR,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")
+    ] = True,
+    **fields: Any,
 ) -> None:
     """Run the main job: fully-async GRPO across cells and engines on a local Ray cluster."""
-    from orchestrator.control.driver import JobOptions, run_job
+    from ledger import LedgerError
+    from orchestrator.control.driver import JobOptions, StartupError, run_job
 
-    config = RunConfig.from_yaml(config_path, overrides)
+    config = RunConfig.from_yaml(config_path, fields)
     if resume and config.run_id is None:
         raise UserError("--resume needs --run-id of the run to continue")
-    result = run_job(
-        config,
-        JobOptions(resume=resume, ray_address=ray_address, runs_dir=runs_dir, progress=progress),
-    )
+    options = JobOptions(resume=resume, ray_address=ray_address, runs_dir=runs_dir,
+                         progress=progress)
+    with _as_user_error(StartupError, LedgerError):
+        result = run_job(config, options)
     print_run_summary(result)
     if not result.ok:
-        sys.exit(EXIT_FAILED)
+        raise typer.Exit(EXIT_FAILED)
 
 
-@cli.command("drill")
-@click.option("--scenario", "scenarios", multiple=True, required=True,
-              help="A drill scenario, or 'all'; repeat the option for several.")
-@click.option("--db", default=None,
-              help="Ledger URL for every drill (default: one SQLite file per drill).")
-@click.option("--seed", type=int, default=None,
-              help="Chaos mode: draw fault steps and points from this seed (reproducible).")
-@click.option("--repeat", type=int, default=1, show_default=True,
-              help="Run each scenario K times (chaos mode: fresh draws each time).")
-@click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs/drills"),
-              show_default=True, help="Where each drill's run directory goes.")
-@click.option("--ray-address", default=None, help="Join this Ray cluster instead of starting one.")
-def drill_command(scenarios: tuple[str, ...], db: str | None, seed: int | None, repeat: int,
-                  runs_dir: Path, ray_address: str | None) -> None:
+@app.command("drill")
+def drill_command(
+    scenarios: Annotated[
+        list[str],
+        typer.Option("--scenario", metavar="<name>",
+                     help="A drill scenario, or 'all'; repeat for several."),
+    ],
+    db: Annotated[
+        str | None,
+        typer.Option("--db", help="Ledger URL for every drill (default: one SQLite file per "
+                                  "drill)."),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option("--seed", help="Chaos mode: draw fault steps and points from this seed "
+                                    "(reproducible)."),
+    ] = None,
+    repeat: Annotated[
+        int,
+        typer.Option("--repeat", help="Run each scenario K times (chaos mode: fresh draws "
+                                      "each time)."),
+    ] = 1,
+    runs_dir: Annotated[
+        Path, typer.Option("--runs-dir", help="Where each drill's run directory goes.")
+    ] = DEFAULT_RUNS_DIR / "drills",
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", help="Join this Ray cluster instead of starting one."),
+    ] = None,
+) -> None:
     """Inject real faults into short runs and check the ledger's invariants (exit 1 if any
     drill fails)."""
+    from ledger import LedgerError
+    from orchestrator.control.driver import StartupError
     from orchestrator.drills.runner import DrillError, DrillOptions, plan_drills, run_drills
 
-    try:
-        plans = plan_drills(list(scenarios), seed=seed, repeat=repeat)
-    except DrillError as exc:
-        raise UserError(str(exc)) from None
     options = DrillOptions(runs_dir=runs_dir, db=db, ray_address=ray_address,
                            seed=seed if seed is not None else DrillOptions.seed)
     table = DrillTable()
-    try:
+    with _as_user_error(DrillError, StartupError, LedgerError):
+        plans = plan_drills(list(scenarios), seed=seed, repeat=repeat)
         results = run_drills(plans, options, on_result=table.add)
-    except DrillError as exc:
-        raise UserError(str(exc)) from None
     table.print()
     if not all(result.passed for result in results):
-        sys.exit(EXIT_FAILED)
+        raise typer.Exit(EXIT_FAILED)
+
+
+@contextmanager
+def _as_user_error(*kinds: type[Exception]) -> Iterator[None]:
+    """Errors of these kinds mean bad input, not a bug: re-raised as a one-line UserError."""
+    try:
+        yield
+    except kinds as exc:
+        raise UserError(" ".join(str(exc).split()) or type(exc).__name__) from None
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"orchestrator: {message}", err=True)
+    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the CLI and turn user errors into one line and exit code 2."""
-    from ledger import LedgerError
-
-    from orchestrator.control.driver import StartupError
-
+    """Entry point: run the CLI; returns on success, else exits with 1 or 2 (see module doc)."""
     try:
-        cli.main(args=argv, prog_name="orchestrator", standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("orchestrator: aborted", err=True)
-        sys.exit(130)
-    except click.UsageError as exc:
-        click.echo(f"orchestrator: error: {exc.format_message()}", err=True)
-        sys.exit(EXIT_USAGE)
-    except (UserError, ConfigError, StartupError, LedgerError) as exc:
-        click.echo(f"orchestrator: error: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
+        code = app(args=argv, prog_name="orchestrator", standalone_mode=False)
+    except typer.TyperException as exc:  # usage errors: unknown option, bad value, ...
+        _fail(f"error: {' '.join(exc.format_message().split())}", EXIT_USAGE)
+    except (UserError, ConfigError) as exc:
+        _fail(f"error: {exc}", EXIT_USAGE)
+    except typer.Abort:
+        _fail("aborted", EXIT_INTERRUPTED)
+    if code:  # typer.Exit(code) from a command, or 130 on Ctrl-C
+        sys.exit(code)

@@ -86,3 +86,67 @@ def test_a_finished_run_id_is_not_silently_reused(capsys, tmp_path: Path):
     (tmp_path / "taken" / "ledger.db").write_bytes(b"")
     code, _, err = run_cli(["run", "--run-id", "taken", "--runs-dir", str(tmp_path)], capsys)
     assert_one_line_error(code, err, "already exists", "--resume")
+
+
+def test_cells_without_a_group_per_step_are_exit_2_and_write_nothing(capsys, tmp_path: Path):
+    code, _, err = run_cli(["run", "--num-cells", "3", "--rollout-batch-size", "2",
+                            "--runs-dir", str(tmp_path)], capsys)
+    assert_one_line_error(code, err, "rollout_batch_size", "3 cells")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_command_is_one_line_and_exit_2(capsys):
+    code, _, err = run_cli([], capsys)
+    assert_one_line_error(code, err, "Missing command")
+
+
+def test_run_help_lists_every_run_config_field_with_its_help(capsys):
+    from orchestrator.config import RunConfig
+
+    main(["run", "--help"])  # returns: exit code 0
+
+    text = " ".join(capsys.readouterr().out.split())
+    for name, field in RunConfig.model_fields.items():
+        flag = name.replace("_", "-")
+        assert f"--{flag}" in text
+        assert " ".join(field.description.split()) in text
+    assert "--sync / --no-sync" in text
+    assert "--async-unused-samples-handler <drop|retry>" in text
+    for option in ("--config", "--resume", "--ray-address", "--runs-dir",
+                   "--progress / --no-progress"):
+        assert option in text
+
+
+def test_config_file_then_flags_reach_the_job(capsys, tmp_path: Path, monkeypatch):
+    from orchestrator.control import driver
+
+    seen = []
+
+    def fake_run_job(config, options):
+        seen.append((config, options))
+        raise driver.StartupError("stopped before the job")
+
+    monkeypatch.setattr(driver, "run_job", fake_run_job)
+    path = tmp_path / "run.yaml"
+    path.write_text("num_cells: 3\nrollout_batch_size: 4\nmax-weight-staleness: null\n"
+                    "sync: true\n")
+
+    code, _, err = run_cli(["run", "--config", str(path), "--rollout-batch-size", "6",
+                            "--no-sync", "--ray-address", "ray://head:10001",
+                            "--runs-dir", str(tmp_path), "--no-progress"], capsys)
+
+    assert_one_line_error(code, err, "stopped before the job")
+    [(config, options)] = seen
+    assert config.rollout_batch_size == 6 and config.sync is False  # flags win
+    assert config.num_cells == 3 and config.max_weight_staleness is None  # from the file
+    assert config.seed == 1234  # neither: the default
+    assert options.ray_address == "ray://head:10001" and options.runs_dir == tmp_path
+    assert options.progress is False and options.resume is False
+
+
+def test_drill_usage_errors_are_one_line_and_exit_2(capsys):
+    code, _, err = run_cli(["drill"], capsys)
+    assert_one_line_error(code, err, "--scenario")
+
+    code, _, err = run_cli(["drill", "--scenario", "all", "--repeat", "many"], capsys)
+    assert_one_line_error(code, err, "--repeat")
