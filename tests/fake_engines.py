@@ -26,7 +26,6 @@ class FakeEnginePool:
         ``abort``: come back ABORTED once (the next attempt completes).
         ``fail``: raise RuntimeError (the pool is broken).
         ``stamp``: stamp with this version instead (None: leave the samples unstamped).
-        ``uniform``: every sample gets reward 1.0 (no GRPO signal).
     With ``gated=True`` every request waits until the test releases it.
     """
 
@@ -36,7 +35,6 @@ class FakeEnginePool:
         self.abort: set[int] = set()
         self.fail: set[int] = set()
         self.stamp: dict[int, int | None] = {}
-        self.uniform: set[int] = set()
         self.calls: list[int] = []
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -71,7 +69,7 @@ class FakeEnginePool:
                 group_index=group_index,
                 prompt_tokens=list(prompt.tokens),
                 response_tokens=[prompt.index % 13, i],
-                reward=1.0 if prompt.index in self.uniform else float(i % 2),
+                reward=float(i % 2),
                 status=status,
                 weight_versions=[] if label is None else [label],
             )

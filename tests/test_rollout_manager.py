@@ -17,7 +17,7 @@ from orchestrator.rollout.errors import (
     VersionRegressionError,
 )
 from orchestrator.rollout.manager import RolloutManager
-from orchestrator.rollout.types import VersionLabelError
+from orchestrator.rollout.types import RolloutConfig, VersionLabelError
 from tests.fake_engines import FakeEnginePool, build_ledger, make_prompt, run_async, settle
 
 M = FULLY_ASYNC_PREFIX
@@ -43,6 +43,11 @@ def make_manager(url: str, pool: FakeEnginePool, **overrides) -> RolloutManager:
 
 def batch_versions(output) -> set[int]:
     return {v for group in output.samples for sample in group for v in sample.weight_versions}
+
+
+def test_run_config_has_every_option_the_rollout_path_reads():
+    # The rollout path is typed on the RolloutConfig protocol, never on RunConfig itself.
+    assert isinstance(RunConfig(), RolloutConfig)
 
 
 def test_seed_scenario_new_cell_pushing_1_is_refused_and_ledger_commit_wins(sqlite_url):

@@ -168,6 +168,7 @@ class ReplaceableEnginePool(EnginePool, Protocol):
         ...
 
 
+@runtime_checkable
 class RolloutConfig(Protocol):
     """The run options the rollout path reads (``orchestrator.config.RunConfig`` has them).
 
