@@ -203,11 +203,13 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI; returns on success, else exits with 1 or 2 (see module doc)."""
     try:
         code = app(args=argv, prog_name="orchestrator", standalone_mode=False)
-    except typer.TyperException as exc:  # usage errors: unknown option, bad value, ...
+    except typer.TyperException as exc:  # (typer >= 0.27.2) unknown option, bad value, ...
         _fail(f"error: {' '.join(exc.format_message().split())}", EXIT_USAGE)
     except (UserError, ConfigError) as exc:
         _fail(f"error: {exc}", EXIT_USAGE)
     except typer.Abort:
         _fail("aborted", EXIT_INTERRUPTED)
-    if code:  # typer.Exit(code) from a command, or 130 on Ctrl-C
+    if code == EXIT_INTERRUPTED:  # typer turns Ctrl-C into this code
+        _fail("aborted", EXIT_INTERRUPTED)
+    if code:  # typer.Exit(EXIT_FAILED) from a command
         sys.exit(code)
