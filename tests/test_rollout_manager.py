@@ -217,6 +217,31 @@ def test_load_refuses_another_run_and_a_started_manager(sqlite_url, tmp_path):
     run_async(other.shutdown)
 
 
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"format": 1, "run_id": RUN, "source": {"next_index": 2}},  # no buffer
+        {"format": 1, "run_id": RUN, "source": {"next_index": 2}, "buffer": []},
+        {"format": 1, "run_id": RUN, "source": {}, "buffer": {"pending": []}},
+        {"format": 1, "run_id": RUN, "source": {"next_index": 2}, "buffer": {"pending": [[5, 0]]}},
+    ],
+)
+def test_load_of_a_malformed_state_file_raises_value_error_and_restores_nothing(
+    sqlite_url, tmp_path, state
+):
+    build_ledger(sqlite_url, RUN, commits=0)
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+    manager = make_manager(sqlite_url, FakeEnginePool())
+
+    with pytest.raises(ValueError, match="state.json"):
+        manager.load(path)
+
+    assert manager.next_prompt_index() == 0
+    assert manager.prompt_states() == {}
+    run_async(manager.shutdown)
+
+
 @pytest.mark.ray
 def test_manager_as_ray_actor_refuses_regression_and_follows_the_ledger(ray_cluster, sqlite_url):
     ray = ray_cluster

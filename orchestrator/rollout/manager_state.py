@@ -71,10 +71,13 @@ def restore_state(
     state = _read(path)
     if state.get("run_id") != run_id:
         raise ValueError(f"{path}: state of run {state.get('run_id')!r}, not {run_id!r}")
-    saved_position = PromptSource(source.make)
-    saved_position.load_state_dict(state["source"])
-    pending = state["buffer"].get("pending", [])
-    if any(int(index) >= saved_position.next_index for index, _ in pending):
+    try:
+        saved_position = PromptSource(source.make)
+        saved_position.load_state_dict(state["source"])
+        pending = [int(index) for index, _ in state["buffer"]["pending"]]
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise ValueError(f"{path}: malformed rollout manager state: {exc}") from None
+    if any(index >= saved_position.next_index for index in pending):
         raise ValueError(f"{path}: a pending prompt is beyond the saved source position")
     buffer.load_state_dict(state["buffer"], source.make)
     source.load_state_dict(state["source"])
