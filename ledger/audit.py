@@ -11,17 +11,34 @@ leaves, and it is reported as a note.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ledger.errors import LedgerError
-from ledger.events import GENESIS_HASH, PUBLISHER_KINDS, Event, EventKind, event_hash
+from ledger.events import GENESIS_HASH, PUBLISHER_KINDS, Event, EventKind, Head, event_hash
 from ledger.projections import RunState
 
-if TYPE_CHECKING:
-    from ledger.store import Ledger
+__all__ = ["AuditReport", "AuditSource", "Problem", "verify"]
 
-__all__ = ["AuditReport", "Problem", "verify"]
+
+class _NamedRun(Protocol):
+    run_id: str
+
+
+class AuditSource(Protocol):
+    """What the audit reads: one consistent view of the ledger (``Ledger.snapshot()``)."""
+
+    def runs(self) -> Sequence[_NamedRun]:
+        """Every run, oldest first."""
+
+    def head(self, run_id: str) -> Head:
+        """The run's head row; raises UnknownRunError if it has none."""
+
+    def events(
+        self, run_id: str, start_seq: int = 1, end_seq: int | None = None
+    ) -> Iterable[Event]:
+        """The run's events in seq order."""
 
 _KNOWN_KINDS = {kind.value for kind in EventKind}
 _PUBLISHER_KIND_VALUES = {kind.value for kind in PUBLISHER_KINDS}
@@ -79,7 +96,7 @@ class _RunChecker:
             self.problem(event.seq, "unknown_kind", f"unknown event kind {event.kind!r}")
             return
         if event.seq == 1 and event.kind != EventKind.RUN_STARTED:
-            self.problem(event.seq, "run_started", f"first event is {event.kind}")
+            self.problem(event.seq, EventKind.RUN_STARTED.value, f"first event is {event.kind}")
         if event.kind == EventKind.CELL_PROMOTED:
             self._check_promotion(event)
         if event.kind in _PUBLISHER_KIND_VALUES:
@@ -158,8 +175,8 @@ class _RunChecker:
                 f"engines stamped with version {version}, which is not committed",
             )
 
-    def check_head(self, ledger: Ledger) -> None:
-        head = ledger.head(self.run_id)
+    def check_head(self, source: AuditSource) -> None:
+        head = source.head(self.run_id)
         derived = (
             self.state.last_seq, self.state.head_version, self.state.epoch,
             self.state.publisher_cell, self.state.head_hash,
@@ -173,26 +190,26 @@ class _RunChecker:
             )
 
 
-def verify(ledger: Ledger, run_id: str | None = None) -> AuditReport:
-    """Audit one run (or every run) of ``ledger``. Reads only; never raises for a bad row.
+def verify(source: AuditSource, run_id: str | None = None) -> AuditReport:
+    """Audit one run (or every run) of ``source``. Reads only; never raises for a bad row.
 
     Raises:
         UnknownRunError: ``run_id`` is not in the ledger.
     """
-    run_ids = [run_id] if run_id is not None else [r.run_id for r in ledger.runs()]
+    run_ids = [run_id] if run_id is not None else [r.run_id for r in source.runs()]
     if run_id is not None:
-        ledger.head(run_id)  # raises UnknownRunError for a run that does not exist
+        source.head(run_id)  # raises UnknownRunError for a run that does not exist
     report = AuditReport(run_ids=run_ids)
     for rid in run_ids:
         checker = _RunChecker(rid)
         try:
-            for event in ledger.events(rid):
+            for event in source.events(rid):
                 checker.check(event)
                 report.events_checked += 1
         except LedgerError as exc:
             checker.problem(checker.expected_seq, "unreadable", str(exc))
         else:
-            checker.check_head(ledger)
+            checker.check_head(source)
         report.problems.extend(checker.problems)
         if checker.state.unstamped_versions:
             report.unstamped[rid] = checker.state.unstamped_versions

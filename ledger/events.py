@@ -37,6 +37,7 @@ class EventKind(str, enum.Enum):
     RUN_STARTED = "run_started"
     RUN_RESUMED = "run_resumed"
     RUN_FINISHED = "run_finished"
+    RUN_FAILED = "run_failed"
     CELL_PROMOTED = "cell_promoted"
     CELL_STATE = "cell_state"
     WEIGHT_UPDATE_STARTED = "weight_update_started"
@@ -79,6 +80,14 @@ class RunResumed(_Payload):
 class RunFinished(_Payload):
     steps: int = Field(ge=0)
     negative_staleness_total: int = Field(default=0, ge=0)
+
+
+class RunFailed(_Payload):
+    """The terminal event of a run that ended on an error (recorded by the control plane; not
+    publisher-fenced): why, and the head version it ended at."""
+
+    reason: str = Field(min_length=1)
+    head_version: int = Field(ge=0)
 
 
 class CellPromoted(_Payload):
@@ -128,6 +137,7 @@ _PAYLOAD_MODELS: dict[EventKind, type[_Payload]] = {
     EventKind.RUN_STARTED: RunStarted,
     EventKind.RUN_RESUMED: RunResumed,
     EventKind.RUN_FINISHED: RunFinished,
+    EventKind.RUN_FAILED: RunFailed,
     EventKind.CELL_PROMOTED: CellPromoted,
     EventKind.CELL_STATE: CellState,
     EventKind.WEIGHT_UPDATE_STARTED: WeightUpdateStarted,

@@ -12,7 +12,15 @@ from datetime import datetime
 
 from ledger.events import GENESIS_HASH, Event, EventKind
 
-__all__ = ["CellView", "CommitView", "EngineView", "Promotion", "RunState", "fold"]
+__all__ = [
+    "AbortView",
+    "CellView",
+    "CommitView",
+    "EngineView",
+    "Promotion",
+    "RunState",
+    "fold",
+]
 
 
 @dataclass
@@ -64,6 +72,18 @@ class Promotion:
     recorded_at: datetime
 
 
+@dataclass(frozen=True)
+class AbortView:
+    """One aborted weight update, with the head version current when it was recorded."""
+
+    seq: int
+    cell_id: str | None
+    train_step: int
+    reason: str
+    head_version: int
+    recorded_at: datetime
+
+
 @dataclass
 class RunState:
     """A run as of its last folded event."""
@@ -80,9 +100,16 @@ class RunState:
     cells: dict[str, CellView] = field(default_factory=dict)
     engines: dict[str, EngineView] = field(default_factory=dict)
     promotions: list[Promotion] = field(default_factory=list)
-    aborted_updates: int = 0
+    aborts: list[AbortView] = field(default_factory=list)
     checkpoints: list[Event] = field(default_factory=list)
     resumes: int = 0
+    outcome: str | None = None  # "finished" or "failed" once a terminal event is folded
+    failure_reason: str | None = None
+
+    @property
+    def aborted_updates(self) -> int:
+        """How many weight updates were aborted."""
+        return len(self.aborts)
 
     @property
     def adapters(self) -> dict[int, str]:
@@ -126,7 +153,16 @@ class RunState:
                 recorded_at=event.recorded_at,
             )
         elif kind == EventKind.WEIGHT_UPDATE_ABORTED:
-            self.aborted_updates += 1
+            self.aborts.append(
+                AbortView(
+                    seq=event.seq,
+                    cell_id=event.cell_id,
+                    train_step=int(event.payload.get("train_step", 0)),
+                    reason=str(event.payload.get("reason", "")),
+                    head_version=self.head_version,
+                    recorded_at=event.recorded_at,
+                )
+            )
         elif kind == EventKind.ENGINES_STAMPED:
             version = int(event.payload.get("version", 0))
             self.stamped_versions.add(version)
@@ -136,6 +172,11 @@ class RunState:
                 engine.last_seq = event.seq
         elif kind == EventKind.CHECKPOINT_SAVED:
             self.checkpoints.append(event)
+        elif kind == EventKind.RUN_FINISHED:
+            self.outcome = "finished"
+        elif kind == EventKind.RUN_FAILED:
+            self.outcome = "failed"
+            self.failure_reason = str(event.payload.get("reason", ""))
 
     def _promote(self, event: Event) -> None:
         assert event.cell_id is not None and event.epoch is not None

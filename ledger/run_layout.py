@@ -21,10 +21,19 @@ __all__ = [
     "DEFAULT_RUNS_DIR",
     "FULLY_ASYNC_PREFIX",
     "LEDGER_FILE",
+    "MANAGER_PREFIX",
     "METRICS_FILE",
+    "NEGATIVE_STALENESS_KEY",
     "PLOT_FILE",
+    "PROMPTS_UNACCOUNTED_KEY",
+    "REWARD_KEY",
+    "STALENESS_HISTOGRAM_KEY",
+    "STALENESS_MAX_KEY",
+    "STEP_KEY",
+    "WEIGHT_VERSION_KEY",
     "RunLayout",
     "default_ledger_url",
+    "manager_metric_key",
     "metric_key",
 ]
 
@@ -36,16 +45,26 @@ CHECKPOINT_DIR = "checkpoints"
 
 # Per-step rollout metrics (DESIGN section 6) all carry this prefix.
 FULLY_ASYNC_PREFIX = "rollout/fully_async/"
+# Keys of a metrics.jsonl line: the training step it records, and its mean reward.
+STEP_KEY = "step"
 REWARD_KEY = "reward/mean"
 WEIGHT_VERSION_KEY = "weight_version"
 NEGATIVE_STALENESS_KEY = FULLY_ASYNC_PREFIX + "negative_staleness_total"
 STALENESS_MAX_KEY = FULLY_ASYNC_PREFIX + "staleness_max"
 STALENESS_HISTOGRAM_KEY = FULLY_ASYNC_PREFIX + "staleness_hist"
+# The rollout manager's own run totals (prompt accounting) carry this prefix.
+MANAGER_PREFIX = "rollout_manager/"
+PROMPTS_UNACCOUNTED_KEY = MANAGER_PREFIX + "prompts_unaccounted"
 
 
 def metric_key(name: str) -> str:
     """The full key of a per-step rollout metric: ``metric_key("staleness_max")``."""
     return FULLY_ASYNC_PREFIX + name
+
+
+def manager_metric_key(name: str) -> str:
+    """The full key of a rollout-manager run total: ``manager_metric_key("prompts_trained")``."""
+    return MANAGER_PREFIX + name
 
 
 def default_ledger_url(run_dir: Path) -> str:

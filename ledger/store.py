@@ -1,28 +1,22 @@
-"""The Ledger: one SQL recorder for SQLite and PostgreSQL.
+"""The Ledger: the public facade over one database (many runs), SQLite or PostgreSQL.
 
-Every write is one short transaction that locks the run's head row, so appends to a run are
-totally ordered and ``seq``/``version`` come out gapless. The two backends differ only in how
-that lock is taken (``_write``): SQLite opens the transaction with ``BEGIN IMMEDIATE`` (the
-database write lock, in WAL mode so readers are not blocked); PostgreSQL uses
-``SELECT ... FOR UPDATE`` on the head row.
+Every write is one short transaction that locks the run's head row (:mod:`ledger.append`, where
+the "why seq is gapless" argument lives), so appends to a run are totally ordered and
+``seq``/``version`` come out gapless. Engines, pragmas and the translation of driver errors are
+in :mod:`ledger.connection`; the read queries in :mod:`ledger.reads`; the audit in
+:mod:`ledger.audit`, which reads through a snapshot and never imports this module.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy import event as sa_event
 from tenacity import (
     RetryError,
     Retrying,
@@ -31,166 +25,19 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from ledger import migrate
-from ledger.errors import (
-    FencedError,
-    IdempotencyConflictError,
-    LedgerError,
-    LedgerUnavailableError,
-    SchemaError,
-    UnknownRunError,
-)
-from ledger.events import (
-    GENESIS_HASH,
-    PUBLISHER_KINDS,
-    Event,
-    EventKind,
-    Head,
-    event_hash,
-    validate_payload,
-)
-from ledger.schema import ledger_events, run_heads, runs
+from ledger import audit, migrate
+from ledger.append import append_locked, create_run_locked, lock_head
+from ledger.connection import create_engine, normalise_url, transaction
+from ledger.errors import LedgerError, LedgerUnavailableError, SchemaError, UnknownRunError
+from ledger.events import Event, EventKind, Head, validate_payload
+from ledger.reads import READ_PAGE, Reader, RunSummary
 
-if TYPE_CHECKING:
-    from ledger.audit import AuditReport
-
-__all__ = ["Ledger", "RunSummary", "schema_revision_at"]
+__all__ = ["Ledger", "RunSummary"]
 
 log = logging.getLogger(__name__)
 
-SQLITE_BUSY_TIMEOUT_MS = 30_000
-_READ_PAGE = 1_000
 _PG_MIGRATION_LOCK = 0x6C6564676572  # "ledger": serialises concurrent schema upgrades
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    """A run as listed by :meth:`Ledger.runs`."""
-
-    run_id: str
-    created_at: datetime
-    head_version: int
-    epoch: int
-    publisher_cell: str | None
-    last_seq: int
-
-
-def _utcnow() -> datetime:
-    # Stored naive, in UTC: both backends round-trip it to the microsecond, which the hash needs.
-    return datetime.now(UTC).replace(tzinfo=None)
-
-
-def _normalise_url(url: str) -> sa.URL:
-    try:
-        parsed = sa.make_url(url)
-    except sa.exc.ArgumentError:
-        raise LedgerError(
-            f"not a database URL: {url!r} (use sqlite:///PATH or postgresql+psycopg://...)"
-        ) from None
-    backend = parsed.get_backend_name()
-    if backend not in ("sqlite", "postgresql"):
-        raise LedgerError(
-            f"unsupported database {backend!r} in {url!r}: use sqlite:///PATH or "
-            "postgresql+psycopg://USER@HOST/DB"
-        )
-    if backend == "postgresql" and parsed.get_driver_name() in ("psycopg2", ""):
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    if backend == "sqlite" and parsed.database in (None, "", ":memory:"):
-        raise LedgerError("an in-memory SQLite database cannot hold a durable ledger")
-    return parsed
-
-
-def _create_engine(url: sa.URL, readonly: bool) -> sa.Engine:
-    if url.get_backend_name() == "postgresql":
-        engine = sa.create_engine(url, pool_pre_ping=True)
-        if readonly:
-            engine = engine.execution_options(postgresql_readonly=True)
-        return engine
-    return _create_sqlite_engine(Path(url.database), readonly)
-
-
-def _create_sqlite_engine(path: Path, readonly: bool) -> sa.Engine:
-    if readonly:
-        if not path.is_file():
-            raise LedgerError(f"no ledger database at {path}")
-        # mode=ro: a reader never creates the file, a table, or takes the write lock.
-        uri = f"file:{quote(str(path.resolve()))}?mode=ro"
-        engine = sa.create_engine(
-            "sqlite://",
-            creator=lambda: sqlite3.connect(uri, uri=True, check_same_thread=False),
-        )
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        engine = sa.create_engine(
-            f"sqlite:///{path}", connect_args={"check_same_thread": False}
-        )
-
-    @sa_event.listens_for(engine, "connect")
-    def _configure(dbapi_connection, _record) -> None:
-        # Take transaction control from the driver so BEGIN IMMEDIATE below is really ours.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-        if not readonly:
-            cursor.execute("PRAGMA journal_mode = WAL")
-            cursor.execute("PRAGMA synchronous = FULL")
-        cursor.execute("PRAGMA foreign_keys = ON")
-        cursor.close()
-
-    @sa_event.listens_for(engine, "begin")
-    def _begin(connection: sa.Connection) -> None:
-        immediate = connection.get_execution_options().get("ledger_write", False)
-        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
-
-    return engine
-
-
-def schema_revision_at(url: str) -> str | None:
-    """The Alembic revision stamped in the database at ``url``; None if it has no ledger schema.
-
-    Reads only and never creates a file or a table. Unlike ``Ledger.open(url, readonly=True)``
-    it does not require the revision to be current, so it can answer for an old or unknown
-    schema (``ledger db current``).
-
-    Raises:
-        LedgerError: bad URL or unsupported backend; no SQLite file at the path.
-        LedgerUnavailableError: the database cannot be reached.
-    """
-    engine = _create_engine(_normalise_url(url), readonly=True)
-    try:
-        with engine.connect() as conn, conn.begin():
-            return migrate.current_revision(conn)
-    except sa.exc.SQLAlchemyError as exc:
-        raise _translate(exc) from exc
-    finally:
-        engine.dispose()
-
-
-def _translate(exc: Exception) -> LedgerError:
-    """Map a driver error to the ledger's own; the one place this happens."""
-    if isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
-        detail = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-        return LedgerUnavailableError(f"database unavailable: {detail}")
-    if isinstance(exc, sa.exc.DBAPIError):
-        detail = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-        return LedgerError(f"database error: {detail}")
-    return LedgerError(f"database error: {exc}")
-
-
-def _row_to_event(row: sa.Row) -> Event:
-    return Event(
-        run_id=row.run_id,
-        seq=row.seq,
-        kind=row.kind,
-        payload=row.payload if isinstance(row.payload, dict) else json.loads(row.payload),
-        recorded_at=row.recorded_at,
-        prev_hash=row.prev_hash,
-        hash=row.hash,
-        version=row.version,
-        cell_id=row.cell_id,
-        epoch=row.epoch,
-        idempotency_key=row.idempotency_key,
-    )
+_T = TypeVar("_T")
 
 
 class Ledger:
@@ -232,8 +79,8 @@ class Ledger:
             LedgerUnavailableError: the database cannot be reached.
             SchemaError: a reader found no schema or an old one; a writer found a newer one.
         """
-        parsed = _normalise_url(url)
-        engine = _create_engine(parsed, readonly)
+        parsed = normalise_url(url)
+        engine = create_engine(parsed, readonly)
         ledger = cls(engine, parsed, readonly=readonly, retry_seconds=retry_seconds)
         try:
             ledger._prepare_schema()
@@ -264,13 +111,12 @@ class Ledger:
 
     def schema_revision(self) -> str | None:
         """The Alembic revision stamped in the database."""
-        with self._read() as conn:
+        with transaction(self._engine) as conn:
             return migrate.current_revision(conn)
 
     def _prepare_schema(self) -> None:
         head = migrate.head_revision()
-        with self._read() as conn:
-            current = migrate.current_revision(conn)
+        current = self.schema_revision()
         if current == head:
             return
         if self.readonly:
@@ -307,31 +153,12 @@ class Ledger:
 
     # ------------------------------------------------------------------ transactions
 
-    @contextmanager
-    def _read(self) -> Iterator[sa.Connection]:
-        try:
-            with self._engine.connect() as conn, conn.begin():
-                yield conn
-        except LedgerError:
-            raise
-        except sa.exc.SQLAlchemyError as exc:
-            raise _translate(exc) from exc
-
-    @contextmanager
-    def _write(self) -> Iterator[sa.Connection]:
+    def _write(self):
         if self.readonly:
             raise LedgerError("this ledger was opened read-only")
-        try:
-            with self._engine.connect() as raw:
-                conn = raw.execution_options(ledger_write=True)
-                with conn.begin():
-                    yield conn
-        except LedgerError:
-            raise
-        except sa.exc.SQLAlchemyError as exc:
-            raise _translate(exc) from exc
+        return transaction(self._engine, "write")
 
-    def _with_retries(self, operation, *args, **kwargs):
+    def _with_retries(self, operation: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         """Run one transaction (a write or a read), retrying only
         :class:`LedgerUnavailableError` with backoff for ``retry_seconds``."""
         retrying = Retrying(
@@ -349,6 +176,18 @@ class Ledger:
             return retrying(operation, *args, **kwargs)
         except RetryError as exc:  # pragma: no cover - reraise=True re-raises the last error
             raise exc.last_attempt.exception() from exc
+
+    @contextmanager
+    def snapshot(self) -> Iterator[Reader]:
+        """A :class:`~ledger.reads.Reader` on one read-only transaction: every read through it
+        sees the same state, however many writers commit meanwhile. Not retried (a snapshot
+        cannot be resumed); keep it short.
+
+        Raises:
+            LedgerUnavailableError: the database could not be reached.
+        """
+        with transaction(self._engine, "snapshot") as conn:
+            yield Reader(conn)
 
     # ------------------------------------------------------------------ writes
 
@@ -373,25 +212,8 @@ class Ledger:
     def _start_run_once(self, run_id: str, config: dict[str, Any]) -> Event:
         try:
             with self._write() as conn:
-                if self._lock_head(conn, run_id) is None:
-                    conn.execute(
-                        runs.insert().values(run_id=run_id, created_at=_utcnow(), config=config)
-                    )
-                    conn.execute(
-                        run_heads.insert().values(
-                            run_id=run_id,
-                            last_seq=0,
-                            head_version=0,
-                            epoch=0,
-                            publisher_cell=None,
-                            head_hash=GENESIS_HASH,
-                        )
-                    )
-                    head = self._lock_head(conn, run_id)
-                    return self._append_locked(
-                        conn, head, run_id, EventKind.RUN_STARTED, {"config": config},
-                        cell_id=None, epoch=None, idempotency_key=f"run_started:{run_id}",
-                    )
+                if lock_head(conn, run_id) is None:
+                    return create_run_locked(conn, run_id, config)
         except LedgerError as exc:
             # A concurrent starter inserted the run first (PostgreSQL); fall through to read it.
             if "UNIQUE" not in str(exc).upper() and "duplicate key" not in str(exc):
@@ -442,10 +264,10 @@ class Ledger:
         idempotency_key: str,
     ) -> Event:
         with self._write() as conn:
-            head = self._lock_head(conn, run_id)
+            head = lock_head(conn, run_id)
             if head is None:
                 raise UnknownRunError(run_id)
-            return self._append_locked(
+            return append_locked(
                 conn, head, run_id, kind, payload,
                 cell_id=cell_id, epoch=epoch, idempotency_key=idempotency_key,
             )
@@ -506,111 +328,6 @@ class Ledger:
         assert stored.version is not None
         return stored.version
 
-    def _lock_head(self, conn: sa.Connection, run_id: str) -> Head | None:
-        # Why seq and version are gapless and in commit order: every append of a run first
-        # takes this row's lock (FOR UPDATE on PostgreSQL; SQLite's BEGIN IMMEDIATE already
-        # holds the database write lock), reads last_seq/head_version, writes +1 and updates
-        # this row in the same transaction. A second appender blocks here until the first
-        # commits or rolls back, so no two transactions can read the same last_seq, and a
-        # rolled-back append leaves no hole: the numbers are taken only by what commits.
-        query = sa.select(run_heads).where(run_heads.c.run_id == run_id)
-        if conn.dialect.name == "postgresql":
-            query = query.with_for_update()
-        row = conn.execute(query).first()
-        if row is None:
-            return None
-        return Head(
-            version=row.head_version,
-            epoch=row.epoch,
-            publisher_cell=row.publisher_cell,
-            seq=row.last_seq,
-            hash=row.head_hash,
-        )
-
-    def _append_locked(
-        self,
-        conn: sa.Connection,
-        head: Head,
-        run_id: str,
-        kind: EventKind,
-        payload: dict[str, Any],
-        *,
-        cell_id: str | None,
-        epoch: int | None,
-        idempotency_key: str,
-    ) -> Event:
-        existing = conn.execute(
-            sa.select(ledger_events).where(
-                ledger_events.c.run_id == run_id,
-                ledger_events.c.idempotency_key == idempotency_key,
-            )
-        ).first()
-        if existing is not None:
-            stored = _row_to_event(existing)
-            if stored.kind != kind.value or stored.cell_id != cell_id:
-                raise IdempotencyConflictError(
-                    f"run {run_id!r}: idempotency key {idempotency_key!r} already names "
-                    f"{stored.kind} at seq {stored.seq}"
-                )
-            return stored
-
-        version: int | None = None
-        new_head = head
-        if kind in PUBLISHER_KINDS:
-            if head.epoch == 0 or cell_id != head.publisher_cell or epoch != head.epoch:
-                raise FencedError(run_id, cell_id, epoch, head.publisher_cell, head.epoch)
-        if kind is EventKind.CELL_PROMOTED:
-            if not cell_id:
-                raise LedgerError("cell_promoted needs a cell_id")
-            if epoch is not None and epoch != head.epoch + 1:
-                raise LedgerError(
-                    f"cell_promoted must carry epoch {head.epoch + 1}, not {epoch}"
-                )
-            epoch = head.epoch + 1
-            new_head = Head(head.version, epoch, cell_id, head.seq, head.hash)
-        elif kind is EventKind.CELL_STATE and not cell_id:
-            raise LedgerError("cell_state needs a cell_id")
-        elif kind is EventKind.WEIGHT_COMMITTED:
-            version = head.version + 1
-            new_head = Head(version, head.epoch, head.publisher_cell, head.seq, head.hash)
-        elif kind is EventKind.ENGINES_STAMPED and payload["version"] > head.version:
-            raise LedgerError(
-                f"cannot stamp engines with version {payload['version']}: "
-                f"head is {head.version}"
-            )
-
-        seq = head.seq + 1
-        recorded_at = _utcnow()
-        digest = event_hash(
-            prev_hash=head.hash, run_id=run_id, seq=seq, kind=kind.value, version=version,
-            cell_id=cell_id, epoch=epoch, idempotency_key=idempotency_key, payload=payload,
-            recorded_at=recorded_at,
-        )
-        stored = Event(
-            run_id=run_id, seq=seq, kind=kind.value, payload=payload, recorded_at=recorded_at,
-            prev_hash=head.hash, hash=digest, version=version, cell_id=cell_id, epoch=epoch,
-            idempotency_key=idempotency_key,
-        )
-        conn.execute(
-            ledger_events.insert().values(
-                run_id=run_id, seq=seq, kind=kind.value, version=version, cell_id=cell_id,
-                epoch=epoch, idempotency_key=idempotency_key, payload=payload,
-                prev_hash=head.hash, hash=digest, recorded_at=recorded_at,
-            )
-        )
-        conn.execute(
-            run_heads.update()
-            .where(run_heads.c.run_id == run_id)
-            .values(
-                last_seq=seq,
-                head_version=new_head.version,
-                epoch=new_head.epoch,
-                publisher_cell=new_head.publisher_cell,
-                head_hash=digest,
-            )
-        )
-        return stored
-
     # ------------------------------------------------------------------ reads
 
     def head(self, run_id: str) -> Head:
@@ -626,86 +343,52 @@ class Ledger:
         return Head(row.head_version, row.epoch, row.publisher_cell, row.last_seq, row.head_hash)
 
     def _head_row(self, run_id: str) -> sa.Row | None:
-        with self._read() as conn:
-            return conn.execute(
-                sa.select(run_heads).where(run_heads.c.run_id == run_id)
-            ).first()
+        with transaction(self._engine) as conn:
+            return Reader(conn).head_row(run_id)
 
     def events(
         self, run_id: str, start_seq: int = 1, end_seq: int | None = None
     ) -> Iterator[Event]:
         """Events of ``run_id`` with ``start_seq <= seq <= end_seq``, in seq order, paged.
 
-        Each page is one read transaction, retried like any read.
+        Each page is one read transaction, retried like any read. For reads that must agree
+        with each other (a head and the events up to it), use :meth:`snapshot`.
 
         Raises:
+            LedgerError: a row that cannot be decoded.
             LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
         """
         next_seq = start_seq
         while end_seq is None or next_seq <= end_seq:
-            query = (
-                sa.select(ledger_events)
-                .where(ledger_events.c.run_id == run_id, ledger_events.c.seq >= next_seq)
-                .order_by(ledger_events.c.seq)
-                .limit(_READ_PAGE)
-            )
-            if end_seq is not None:
-                query = query.where(ledger_events.c.seq <= end_seq)
-            page = self._with_retries(self._event_page, run_id, query, next_seq)
+            page = self._with_retries(self._event_page, run_id, next_seq, end_seq)
             yield from page
-            if len(page) < _READ_PAGE:
+            if len(page) < READ_PAGE:
                 return
             next_seq = page[-1].seq + 1
 
-    def _event_page(self, run_id: str, query: sa.Select, next_seq: int) -> list[Event]:
-        with self._read() as conn:
-            try:
-                return [_row_to_event(row) for row in conn.execute(query)]
-            except (ValueError, TypeError) as exc:
-                raise LedgerError(
-                    f"run {run_id!r}: corrupt event row at or after seq {next_seq}: {exc}"
-                ) from exc
+    def _event_page(self, run_id: str, start_seq: int, end_seq: int | None) -> list[Event]:
+        with transaction(self._engine) as conn:
+            return Reader(conn).event_page(run_id, start_seq, end_seq, READ_PAGE)
 
     def event_at_version(self, run_id: str, version: int) -> Event | None:
         """The ``weight_committed`` event of ``version``, or None."""
-        with self._read() as conn:
-            row = conn.execute(
-                sa.select(ledger_events).where(
-                    ledger_events.c.run_id == run_id, ledger_events.c.version == version
-                )
-            ).first()
-        return None if row is None else _row_to_event(row)
+        with transaction(self._engine) as conn:
+            return Reader(conn).event_at_version(run_id, version)
 
     def runs(self) -> list[RunSummary]:
         """Every run, oldest first."""
-        query = (
-            sa.select(runs.c.run_id, runs.c.created_at, run_heads)
-            .join(run_heads, run_heads.c.run_id == runs.c.run_id)
-            .order_by(runs.c.created_at, runs.c.run_id)
-        )
-        with self._read() as conn:
-            return [
-                RunSummary(
-                    run_id=row.run_id,
-                    created_at=row.created_at,
-                    head_version=row.head_version,
-                    epoch=row.epoch,
-                    publisher_cell=row.publisher_cell,
-                    last_seq=row.last_seq,
-                )
-                for row in conn.execute(query)
-            ]
+        with transaction(self._engine) as conn:
+            return Reader(conn).runs()
 
-    def run_config(self, run_id: str) -> dict[str, Any]:
-        """The config the run was started with."""
-        with self._read() as conn:
-            row = conn.execute(sa.select(runs.c.config).where(runs.c.run_id == run_id)).first()
-        if row is None:
-            raise UnknownRunError(run_id)
-        return row.config
+    def verify(self, run_id: str | None = None) -> audit.AuditReport:
+        """Check every invariant the ledger can see (DESIGN section 4), for one run or all.
 
-    def verify(self, run_id: str | None = None) -> AuditReport:
-        """Check every invariant the ledger can see (DESIGN section 4), for one run or all."""
-        from ledger.audit import verify
+        Raises:
+            UnknownRunError: ``run_id`` is not in the ledger.
+        """
+        return self._with_retries(self._verify_once, run_id)
 
-        return verify(self, run_id)
+    def _verify_once(self, run_id: str | None) -> audit.AuditReport:
+        with self.snapshot() as reader:
+            return audit.verify(reader, run_id)
+

@@ -21,7 +21,7 @@ EPOCH_START = datetime(2026, 11, 29, 10, 0, 0)
 
 
 def frozen_clock(start: datetime = EPOCH_START) -> Callable[[], datetime]:
-    """A stand-in for ``ledger.store._utcnow``: each call is 1.25 s after the previous one."""
+    """A stand-in for ``ledger.append._utcnow``: each call is 1.25 s after the previous one."""
     ticks = itertools.count()
     return lambda: start + timedelta(milliseconds=1250 * next(ticks))
 

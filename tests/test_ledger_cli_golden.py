@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import ledger.store
+import ledger.append
 from ledger import Ledger
 from ledger.cli.app import app
 from tests.cli_scenario import build_run, frozen_clock
@@ -63,7 +63,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The scenario run in ``<TMP>/ledger.db``, with its metrics beside it."""
     base = tmp_path_factory.mktemp("golden")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ledger.store, "_utcnow", frozen_clock())
+        patch.setattr(ledger.append, "_utcnow", frozen_clock())
         with Ledger.open(f"sqlite:///{base / 'ledger.db'}") as writer:
             build_run(writer)
     lines = [

@@ -1,4 +1,5 @@
-"""The `ledger` command: parsing (app), queries over the read model (query), rendering (render), plots (plot)."""
+"""The ``ledger`` command: parsing (app, args), queries over the read model (query), rendering
+(render), plots (plot)."""
 
 from ledger.cli.app import app, main
 

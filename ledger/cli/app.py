@@ -258,7 +258,9 @@ def plot(
 
 
 @db_app.command("current")
-def db_current(ctx: typer.Context, db: DbOption = None, output: OutputOption = Output.table) -> None:
+def db_current(
+    ctx: typer.Context, db: DbOption = None, output: OutputOption = Output.table
+) -> None:
     """The schema revision stamped in the database (like `alembic current`)."""
     with _errors():
         answer = query.db_current(_target(ctx, db, None)[0])
@@ -266,7 +268,9 @@ def db_current(ctx: typer.Context, db: DbOption = None, output: OutputOption = O
 
 
 @db_app.command("upgrade")
-def db_upgrade(ctx: typer.Context, db: DbOption = None, output: OutputOption = Output.table) -> None:
+def db_upgrade(
+    ctx: typer.Context, db: DbOption = None, output: OutputOption = Output.table
+) -> None:
     """Create the database or upgrade its schema to head (the only command that writes)."""
     with _errors():
         answer = query.db_upgrade(_target(ctx, db, None)[0])

@@ -7,9 +7,10 @@ What is read:
   dashed vertical line labelled ``<cell> e<epoch>``; each ``weight_update_aborted`` is a red
   ``x`` at the version then current; committed-but-unstamped versions are hollow circles.
 - the run's metrics, if found: a JSON-lines file, one object per training step, as
-  ``orchestrator run`` writes it (``runs/<run-id>/metrics.jsonl``). Any key named
-  ``staleness_hist`` or ``staleness_histogram``, bare or at the end of a ``/`` path (so
-  ``rollout/fully_async/staleness_hist``), at the top level or one object down (e.g. under
+  ``orchestrator run`` writes it (``runs/<run-id>/metrics.jsonl``; the names come from
+  :mod:`ledger.run_layout`). Any key named ``staleness_hist`` or ``staleness_histogram``, bare
+  or at the end of a ``/`` path (so ``rollout/fully_async/staleness_hist``, the layout's
+  ``STALENESS_HISTOGRAM_KEY``), at the top level or one object down (e.g. under
   ``"metrics"``), holding ``{lag: count}`` (lag as an int or a string of one) or a list of
   counts indexed by lag, is summed over all lines into the bottom panel. Negative lags (a bug,
   DESIGN 4.6) are drawn in red. Lines that are not JSON objects are skipped and counted.
@@ -31,15 +32,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ledger.events import Event, EventKind
+from ledger.cli.args import QueryError
+from ledger.cli.query import replay, sqlite_path
 from ledger.projections import RunState
-from ledger.cli.query import QueryError, log, sqlite_path
+from ledger.run_layout import METRICS_FILE, REWARD_KEY, STALENESS_HISTOGRAM_KEY, STEP_KEY
 
-__all__ = ["Histogram", "Timeline", "default_metrics_path", "draw", "plot_run", "read_histogram"]
+__all__ = ["Histogram", "default_metrics_path", "draw", "plot_run", "read_histogram"]
 
-METRICS_FILE = "metrics.jsonl"
-_HISTOGRAM_KEYS = ("staleness_hist", "staleness_histogram")
-REWARD_KEY = "reward/mean"
+# The layout's key, by its last path part, and the longer spelling older runs wrote.
+_HISTOGRAM_NAMES = (STALENESS_HISTOGRAM_KEY.rsplit("/", 1)[-1], "staleness_histogram")
 
 
 @dataclass
@@ -57,14 +58,6 @@ class Histogram:
         return bool(self.counts)
 
 
-@dataclass
-class Timeline:
-    """What the top panel needs: the folded run plus the times of aborted updates."""
-
-    state: RunState
-    aborts: list[tuple[datetime, int]] = field(default_factory=list)  # (time, head version)
-
-
 def default_metrics_path(url: str, run_id: str) -> Path | None:
     """``metrics.jsonl`` beside a SQLite database, or under ``<run-id>/`` beside it."""
     database = sqlite_path(url)
@@ -77,7 +70,7 @@ def default_metrics_path(url: str, run_id: str) -> Path | None:
 
 
 def _is_histogram_key(key: str) -> bool:
-    return key.rsplit("/", 1)[-1] in _HISTOGRAM_KEYS
+    return key.rsplit("/", 1)[-1] in _HISTOGRAM_NAMES
 
 
 def _add(counts: dict[int, int], value: Any) -> bool:
@@ -95,7 +88,7 @@ def _add(counts: dict[int, int], value: Any) -> bool:
 
 def read_histogram(path: Path) -> Histogram:
     """Sum every staleness histogram in the JSON-lines file at ``path``, and collect the
-    per-step mean reward (``reward/mean`` beside an integer ``step``) where lines have one.
+    per-step mean reward (``REWARD_KEY`` beside an integer ``STEP_KEY``) where lines have one.
 
     Raises:
         QueryError: the file cannot be read.
@@ -117,8 +110,8 @@ def read_histogram(path: Path) -> Histogram:
             histogram.skipped_lines += 1
             continue
         reward = record.get(REWARD_KEY)
-        if isinstance(reward, int | float) and isinstance(record.get("step"), int):
-            histogram.rewards.append((record["step"], float(reward)))
+        if isinstance(reward, int | float) and isinstance(record.get(STEP_KEY), int):
+            histogram.rewards.append((record[STEP_KEY], float(reward)))
         scopes = [record] + [value for value in record.values() if isinstance(value, dict)]
         for scope in scopes:
             for key, value in scope.items():
@@ -127,22 +120,12 @@ def read_histogram(path: Path) -> Histogram:
     return histogram
 
 
-def _timeline(events: list[Event] | Any, run_id: str) -> Timeline:
-    timeline = Timeline(RunState(run_id))
-    for event in events:
-        timeline.state.apply(event)
-        if event.kind == EventKind.WEIGHT_UPDATE_ABORTED:
-            timeline.aborts.append((event.recorded_at, timeline.state.head_version))
-    return timeline
-
-
-def draw(timeline: Timeline, histogram: Histogram | None, out: Path, title: str) -> None:
+def draw(state: RunState, histogram: Histogram | None, out: Path, title: str) -> None:
     """Render the PNG (Agg canvas; matplotlib imported here, not at module import)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    state = timeline.state
     show_histogram = histogram is not None and histogram.found
     show_rewards = histogram is not None and bool(histogram.rewards)
     panels = 1 + show_histogram + show_rewards
@@ -167,9 +150,10 @@ def draw(timeline: Timeline, histogram: Histogram | None, out: Path, title: str)
             f"{promotion.cell_id} e{promotion.epoch}", (at, 1), xycoords=("data", "axes fraction"),
             rotation=90, va="top", ha="right", fontsize=8, color="tab:orange",
         )
-    if timeline.aborts:
+    if state.aborts:
         top.plot(
-            [seconds(at) for at, _ in timeline.aborts], [v for _, v in timeline.aborts],
+            [seconds(abort.recorded_at) for abort in state.aborts],
+            [abort.head_version for abort in state.aborts],
             "x", color="tab:red", markersize=8, label="aborted update",
         )
     unstamped = [state.commits[v] for v in state.unstamped_versions]
@@ -218,9 +202,7 @@ def plot_run(
     Raises:
         QueryError: an explicit ``metrics`` file that cannot be read; ``out`` not writable.
     """
-    with log(url, run_id) as answer:
-        header = answer.header
-        timeline = _timeline(answer.events, header["run_id"])
+    header, state = replay(url, run_id)
     if metrics is not None:
         metrics_path: Path | None = Path(metrics)
         if not metrics_path.is_file():
@@ -230,16 +212,15 @@ def plot_run(
     histogram = read_histogram(metrics_path) if metrics_path is not None else None
     target = Path(out)
     try:
-        draw(timeline, histogram, target, f"run {header['run_id']}: committed weight versions")
+        draw(state, histogram, target, f"run {header['run_id']}: committed weight versions")
     except OSError as exc:
         raise QueryError(f"cannot write {out}: {exc.strerror or exc}") from None
-    state = timeline.state
     return {
         "header": header,
         "file": str(target),
         "commits": len(state.commits),
         "promotions": len(state.promotions),
-        "aborted": len(timeline.aborts),
+        "aborted": len(state.aborts),
         "unstamped_versions": state.unstamped_versions,
         "metrics": None if metrics_path is None else str(metrics_path),
         "histogram": (

@@ -238,7 +238,8 @@ def print_status(answer: dict[str, Any], output: str, out: TextIO) -> None:
         print_json(answer, out)
         return
     revision = answer["schema_revision"]
-    marker = " (head)" if revision == answer["schema_head"] else f" (head is {answer['schema_head']})"
+    newest = answer["schema_head"]
+    marker = " (head)" if revision == newest else f" (head is {newest})"
     _pairs(
         out,
         [
