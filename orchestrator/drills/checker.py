@@ -10,7 +10,7 @@ order, epochs that only grow, commits only from the promoted cell at its epoch, 
 committed versions, the head row agreeing with the replay) are :meth:`ledger.Ledger.verify`'s
 job; the checker reports its problems as they are and adds only what a drill needs on top:
 
-* the run finished (a ``run_finished`` event);
+* the run finished (a ``run_finished`` event; a ``run_failed`` one is reported with its reason);
 * zero negative staleness (6) and zero prompts unaccounted (7), from the run's own counters;
 * the read model every expectation uses (:class:`DrillRunState`).
 """
@@ -132,7 +132,9 @@ def check_run(ledger: Ledger, run_id: str, *, expect_finished: bool = True) -> C
                            for p in audit.problems)
     finished = report.state.finished
     if finished is None:
-        if expect_finished:
+        if report.state.outcome == "failed":
+            report.problems.append(f"the run failed: {report.state.failure_reason}")
+        elif expect_finished:
             report.problems.append("the run did not finish (no run_finished event)")
         return report
     report.negative_staleness = int(finished.payload.get("negative_staleness_total", 0))
