@@ -19,8 +19,11 @@ in order, so a test or drill can stop between any two of them from outside:
 1. :meth:`begin_update`: ``weight_update_started`` (fenced), then pause every engine at epoch e.
 2. :meth:`transfer`: full parameters or LoRA adapters into every engine (no label change).
 3. :meth:`commit`: ``v = commit_weights(...)`` (fenced, idempotent per cell/epoch/step/checksum).
-4. :meth:`finalize`: the one ``finalize_and_resume_engines(v, e)``, ``engines_stamped``, then
-   push v to the RolloutManager.
+4. :meth:`finalize`: the one ``finalize_and_resume_engines(v, e)``, then ``engines_stamped``.
+
+The cell is bound to its run and ledger when it is created (``ledger_url``, ``run_id``), so no
+publishing call threads them through. Pushing ``v`` to the RolloutManager is the control plane's
+job (``orchestrator.control.publisher``), right after this sequence returns.
 
 A death before step 3 leaves the engines paused with unlabelled weights and the ledger without
 that version; the next publisher transfers again. A death after it leaves a committed but
@@ -40,7 +43,6 @@ from typing import Any
 
 import ray
 import torch
-from ray.actor import ActorHandle
 
 from actors.errors import CollectiveError
 from actors.grpo import GRPOConfig, build_train_batch, grpo_loss
@@ -48,13 +50,14 @@ from actors.policy import PolicyConfig, build_policy, load_tensors, tensor_state
 from actors.task import TOKENIZER
 from actors.weight_sync import (
     TRANSPORTS,
+    FinalizeReport,
     begin_engine_update,
     collect_weights,
     finalize_and_resume_engines,
     tensors_checksum,
     transfer_weights,
 )
-from ledger import FencedError, Ledger
+from ledger import EventKind, FencedError, Ledger
 from orchestrator.rollout.types import Group, Sample
 
 __all__ = ["TRAIN_CELL_ACTOR_OPTIONS", "TrainCell", "create_rendezvous_store"]
@@ -93,9 +96,15 @@ class TrainCell:
         grpo: GRPOConfig | None = None,
         max_grad_norm: float = 1.0,
         collective_timeout_s: float = 30.0,
+        *,
+        ledger_url: str | None = None,
+        run_id: str | None = None,
     ) -> None:
         """Build the policy from ``(backend, policy_config, seed)`` (engines must use the same
         triple) and an AdamW over its trainable parameters (adapters only with LoRA).
+
+        ``ledger_url`` and ``run_id`` bind the cell to the run it publishes for; a cell built
+        without them trains but cannot publish or record a checkpoint.
 
         Raises:
             ValueError: unknown transport, or ``lora`` without ``policy_config.lora_rank > 0``.
@@ -121,7 +130,9 @@ class TrainCell:
         self.weight_version = 0  # the last version this cell's weights were committed as
         self._group: Any = None
         self._group_world = (None, 0, 1)  # (quorum id, rank, world size)
-        self._ledgers: dict[str, Ledger] = {}
+        self.ledger_url = ledger_url
+        self.run_id = run_id
+        self._ledger_handle: Ledger | None = None
         self._pending_checksum: str | None = None
 
     def pid(self) -> int:
@@ -231,16 +242,18 @@ class TrainCell:
 
     # ---------------------------------------------------------------------------- publishing
 
-    def _ledger(self, ledger_url: str) -> Ledger:
-        if ledger_url not in self._ledgers:
-            self._ledgers[ledger_url] = Ledger.open(ledger_url)
-        return self._ledgers[ledger_url]
+    def _ledger(self) -> Ledger:
+        if self.ledger_url is None or self.run_id is None:
+            raise ValueError(f"cell {self.cell_id} is not bound to a run: pass ledger_url "
+                             "and run_id when creating it")
+        if self._ledger_handle is None:
+            self._ledger_handle = Ledger.open(self.ledger_url)
+        return self._ledger_handle
 
-    def _key(self, run_id: str, what: str, epoch: int) -> str:
-        return f"{run_id}:{what}:{self.cell_id}:e{epoch}:s{self.train_step_count}"
+    def _key(self, what: str, epoch: int) -> str:
+        return f"{self.run_id}:{what}:{self.cell_id}:e{epoch}:s{self.train_step_count}"
 
-    def begin_update(self, engines: Sequence[Any], epoch: int, ledger_url: str,
-                     run_id: str) -> None:
+    def begin_update(self, engines: Sequence[Any], epoch: int) -> None:
         """Steps 1-2: record ``weight_update_started`` (fenced), then pause every engine.
 
         Precondition: this cell is the publisher at ``epoch``. A retry is safe (idempotent
@@ -251,11 +264,11 @@ class TrainCell:
                 touched.
             StaleEpochError: an engine has seen a newer epoch (this cell is a zombie).
         """
-        self._ledger(ledger_url).append(
-            run_id, "weight_update_started",
+        self._ledger().append(
+            self.run_id, EventKind.WEIGHT_UPDATE_STARTED,
             {"train_step": self.train_step_count, "transport": self.transport},
             cell_id=self.cell_id, epoch=epoch,
-            idempotency_key=self._key(run_id, "update_started", epoch),
+            idempotency_key=self._key("update_started", epoch),
         )
         begin_engine_update(engines, epoch)
 
@@ -274,8 +287,7 @@ class TrainCell:
         self._pending_checksum = checksum
         return checksum
 
-    def commit(self, ledger_url: str, run_id: str, epoch: int,
-               checksum: str | None = None) -> int:
+    def commit(self, epoch: int, checksum: str | None = None) -> int:
         """Step 4: ``commit_weights`` and return the version (ledger head + 1).
 
         Idempotent per (cell, epoch, train step, checksum): a retry after an unknown outcome
@@ -288,25 +300,22 @@ class TrainCell:
         checksum = checksum or self._pending_checksum
         if checksum is None:
             raise ValueError("nothing transferred: call transfer() before commit()")
-        version = self._ledger(ledger_url).commit_weights(
-            run_id, cell_id=self.cell_id, epoch=epoch, train_step=self.train_step_count,
+        version = self._ledger().commit_weights(
+            self.run_id, cell_id=self.cell_id, epoch=epoch, train_step=self.train_step_count,
             transport=self.transport,
             adapter=f"lora-r{self.policy_config.lora_rank}" if self.transport == "lora" else None,
             checksum=checksum,
-            idempotency_key=self._key(run_id, f"commit:{checksum[:16]}", epoch),
+            idempotency_key=self._key(f"commit:{checksum[:16]}", epoch),
         )
         self.weight_version = version
         self._pending_checksum = None
         return version
 
-    def finalize(self, engines: Sequence[Any], version: int, epoch: int, ledger_url: str,
-                 run_id: str, rollout_manager: Any = None) -> list[str]:
-        """Steps 5-6: stamp and resume every engine, record ``engines_stamped``, push the
-        version to the RolloutManager. Returns the ids of the stamped engines.
+    def finalize(self, engines: Sequence[Any], version: int, epoch: int) -> FinalizeReport:
+        """Step 5: stamp and resume every engine, then record ``engines_stamped``.
 
-        Engines that fail (dead) are left out of the event and logged; the version stays
-        committed either way. A failed push to the manager is logged, not raised: the manager
-        also reads the ledger head.
+        Engines that fail (dead) are left out of the event and reported in the result; the
+        version stays committed either way.
 
         Raises:
             StaleEpochError: an engine has seen a newer epoch.
@@ -317,34 +326,23 @@ class TrainCell:
         if report.failed:
             logger.warning("cell %s: engines not stamped with v%d: %s", self.cell_id, version,
                            report.failed)
-        self._ledger(ledger_url).append(
-            run_id, "engines_stamped",
+        self._ledger().append(
+            self.run_id, EventKind.ENGINES_STAMPED,
             {"version": version, "engine_ids": report.stamped_engine_ids},
             cell_id=self.cell_id, epoch=epoch,
-            idempotency_key=f"{run_id}:engines_stamped:v{version}:{self.cell_id}:e{epoch}",
+            idempotency_key=f"{self.run_id}:engines_stamped:v{version}:{self.cell_id}:e{epoch}",
         )
-        if rollout_manager is not None:
-            self._push_version(rollout_manager, version)
-        return report.stamped_engine_ids
+        return report
 
-    def _push_version(self, rollout_manager: Any, version: int) -> None:
-        try:
-            if isinstance(rollout_manager, ActorHandle):
-                ray.get(rollout_manager.set_weight_version.remote(version), timeout=30)
-            else:
-                rollout_manager.set_weight_version(version)
-        except Exception:  # noqa: BLE001 - the manager also reads the ledger head
-            logger.warning("cell %s: push of v%d to the rollout manager failed", self.cell_id,
-                           version, exc_info=True)
-
-    def update_weights(self, engines: Sequence[Any], epoch: int, ledger_url: str, run_id: str,
-                       rollout_manager: Any = None) -> int:
-        """Publish this cell's weights as the next version (DESIGN section 5); returns it.
+    def update_weights(self, engines: Sequence[Any], epoch: int) -> FinalizeReport:
+        """Publish this cell's weights as the next version (DESIGN section 5).
 
         Precondition: this cell is the publisher at ``epoch``. Runs :meth:`begin_update`,
-        :meth:`transfer`, :meth:`commit`, :meth:`finalize`. If pausing the engines or the
-        transfer fails, a ``weight_update_aborted`` is recorded (best effort) and the engines
-        stay paused for the next attempt. Retrying the whole call is safe (every event is idempotent).
+        :meth:`transfer`, :meth:`commit`, :meth:`finalize` and returns the finalize report
+        (the version, the stamped engines, the engines that failed). If pausing the engines or
+        the transfer fails, a ``weight_update_aborted`` is recorded (best effort) and the
+        engines stay paused for the next attempt. Retrying the whole call is safe (every event
+        is idempotent).
 
         Raises:
             ledger.FencedError: this cell was superseded; nothing more is written.
@@ -352,25 +350,24 @@ class TrainCell:
             TransferError, EngineStateError: the transfer failed; nothing committed.
         """
         try:
-            self.begin_update(engines, epoch, ledger_url, run_id)
+            self.begin_update(engines, epoch)
             checksum = self.transfer(engines, epoch)
         except FencedError:
             raise  # superseded: there is nothing this cell may record
         except Exception as exc:
-            self._record_abort(ledger_url, run_id, epoch, f"{type(exc).__name__}: {exc}")
+            self._record_abort(epoch, f"{type(exc).__name__}: {exc}")
             raise
-        version = self.commit(ledger_url, run_id, epoch, checksum)
-        self.finalize(engines, version, epoch, ledger_url, run_id, rollout_manager)
-        return version
+        version = self.commit(epoch, checksum)
+        return self.finalize(engines, version, epoch)
 
-    def _record_abort(self, ledger_url: str, run_id: str, epoch: int, reason: str) -> None:
+    def _record_abort(self, epoch: int, reason: str) -> None:
         try:
-            self._ledger(ledger_url).append(
-                run_id, "weight_update_aborted",
+            self._ledger().append(
+                self.run_id, EventKind.WEIGHT_UPDATE_ABORTED,
                 {"train_step": self.train_step_count, "transport": self.transport,
                  "reason": reason[:500]},
                 cell_id=self.cell_id, epoch=epoch,
-                idempotency_key=self._key(run_id, "update_aborted", epoch),
+                idempotency_key=self._key("update_aborted", epoch),
             )
         except Exception:  # noqa: BLE001 - the original error is what the caller needs
             logger.warning("cell %s: could not record the aborted update", self.cell_id,
@@ -413,11 +410,10 @@ class TrainCell:
             tensors = {k: v for k, v in tensors.items() if k.endswith((".lora_a", ".lora_b"))}
         return tensors_checksum(tensors)
 
-    def save_checkpoint(self, path: str, ledger_url: str | None = None, run_id: str | None = None,
-                        epoch: int | None = None) -> dict[str, Any]:
+    def save_checkpoint(self, path: str, epoch: int | None = None) -> dict[str, Any]:
         """Write weights + optimizer state to ``path`` (atomically: temp file, then rename).
 
-        With ``ledger_url``, ``run_id`` and ``epoch``, also appends ``checkpoint_saved``
+        With ``epoch``, also appends ``checkpoint_saved`` to the cell's run
         (fenced: only the publisher at ``epoch``), after the file is complete. Returns the
         checkpoint's summary ``{"train_step", "version", "path"}``.
 
@@ -432,10 +428,10 @@ class TrainCell:
         os.replace(temporary, target)
         summary = {"train_step": self.train_step_count, "version": self.weight_version,
                    "path": str(target)}
-        if ledger_url is not None and run_id is not None and epoch is not None:
-            self._ledger(ledger_url).append(
-                run_id, "checkpoint_saved", summary, cell_id=self.cell_id, epoch=epoch,
-                idempotency_key=self._key(run_id, f"checkpoint:{target}", epoch),
+        if epoch is not None:
+            self._ledger().append(
+                self.run_id, EventKind.CHECKPOINT_SAVED, summary, cell_id=self.cell_id,
+                epoch=epoch, idempotency_key=self._key(f"checkpoint:{target}", epoch),
             )
         return summary
 
@@ -453,6 +449,6 @@ class TrainCell:
     def close(self) -> None:
         """Leave the gradient group and close ledger connections."""
         self._drop_group()
-        for ledger in self._ledgers.values():
-            ledger.close()
-        self._ledgers.clear()
+        if self._ledger_handle is not None:
+            self._ledger_handle.close()
+            self._ledger_handle = None

@@ -1,4 +1,5 @@
-"""CellGroup on a real Ray cluster: frozen cells, zombie publishers, retried steps, healing."""
+"""The supervisor and the publisher on a real Ray cluster: frozen cells, zombie publishers,
+retried steps, healing."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ from actors.errors import CollectiveError, StaleEpochError
 from actors.train_cell import TrainCell
 from actors.task import AdditionTask
 from ledger import FencedError, Ledger
-from orchestrator.control import launch
-from orchestrator.control.cells import CellGroup, StepFailedError
+from ledger.run_layout import RunLayout
 from orchestrator.config import RunConfig
+from orchestrator.control import launch
+from orchestrator.control.errors import EngineLostError, StepFailedError
+from orchestrator.control.publisher import Publisher
+from orchestrator.control.supervisor import Supervisor
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -46,16 +50,24 @@ def engines(config: RunConfig) -> Iterator[list]:
 
 
 @pytest.fixture
-def cells(config: RunConfig, ledger: Ledger, sqlite_url: str) -> Iterator[CellGroup]:
-    group = CellGroup(config, ledger, sqlite_url, RUN, launch.create_cell)
-    group.start()
-    group.ensure_publisher(reason="start")
-    yield group
-    group.stop()
+def supervisor(config: RunConfig, ledger: Ledger, sqlite_url: str, engines: list,
+               tmp_path) -> Iterator[Supervisor]:
+    bound = config.model_copy(update={"db": sqlite_url})
+    supervisor = Supervisor(bound, ledger, RunLayout(tmp_path))
+    supervisor.engines = {f"engine-{i}": handle for i, handle in enumerate(engines)}
+    supervisor.start_cells()
+    supervisor.ensure_publisher(reason="start")
+    yield supervisor
+    supervisor.cells.stop()
 
 
-def pid_of(group: CellGroup, cell_id: str) -> int:
-    return ray.get(group.actor(cell_id).pid.remote())
+@pytest.fixture
+def publisher(supervisor: Supervisor) -> Publisher:
+    return Publisher(supervisor)
+
+
+def pid_of(supervisor: Supervisor, cell_id: str) -> int:
+    return ray.get(supervisor.cells.actor(cell_id).pid.remote())
 
 
 def batch(engines: list, size: int = 4) -> list:
@@ -71,18 +83,18 @@ def engine_view(engines: list) -> list[tuple]:
     return [(h["version"], h["epoch"], c) for h, c in zip(health, checksums)]
 
 
-def test_zombie_publisher_is_fenced_by_ledger_and_engines(cells, ledger, engines, sqlite_url):
-    assert cells.update_weights(engines) == 1
-    zombie = cells.actor("cell-0")
-    zombie_pid = pid_of(cells, "cell-0")
+def test_zombie_publisher_is_fenced_by_ledger_and_engines(supervisor, publisher, ledger,
+                                                          engines):
+    assert publisher.publish_weights().version == 1
+    zombie = supervisor.cells.actor("cell-0")
+    zombie_pid = pid_of(supervisor, "cell-0")
 
     os.kill(zombie_pid, signal.SIGSTOP)
     try:
-        assert cells.check_liveness() == ["cell-0"]
-        new_epoch = cells.ensure_publisher()
-        cells.reform()
-        assert (cells.publisher, new_epoch) == ("cell-1", 2)
-        assert cells.update_weights(engines) == 2
+        assert supervisor.check_cells() == ["cell-0"]
+        _, new_epoch = supervisor.ensure_publisher()
+        assert (ledger.head(RUN).publisher_cell, new_epoch) == ("cell-1", 2)
+        assert publisher.publish_weights().version == 2
     finally:
         os.kill(zombie_pid, signal.SIGCONT)
     head_before, engines_before = ledger.head(RUN), engine_view(engines)
@@ -90,9 +102,9 @@ def test_zombie_publisher_is_fenced_by_ledger_and_engines(cells, ledger, engines
     # Its update replays the weight_update_started it already recorded for this train step
     # (idempotent: the stored event comes back), then the engines refuse epoch 1.
     with pytest.raises(StaleEpochError):
-        ray.get(zombie.update_weights.remote(engines, 1, sqlite_url, RUN))
+        ray.get(zombie.update_weights.remote(engines, 1))
     with pytest.raises(FencedError):
-        ray.get(zombie.commit.remote(sqlite_url, RUN, 1, "sha256:zombie"))
+        ray.get(zombie.commit.remote(1, "sha256:zombie"))
     with pytest.raises(StaleEpochError):
         ray.get(zombie.transfer.remote(engines, 1))
 
@@ -104,32 +116,33 @@ def test_zombie_publisher_is_fenced_by_ledger_and_engines(cells, ledger, engines
 
 
 def test_a_step_stalled_by_a_frozen_cell_is_retried_on_the_survivor_once(
-    cells, ledger, engines
+    supervisor, publisher, ledger, engines
 ):
-    frozen_pid = pid_of(cells, "cell-0")
+    frozen_pid = pid_of(supervisor, "cell-0")
     os.kill(frozen_pid, signal.SIGSTOP)
     try:
-        metrics = cells.train_step(batch(engines))
+        metrics = supervisor.train_step(batch(engines))
     finally:
         os.kill(frozen_pid, signal.SIGKILL)
 
-    assert cells.events.retried_steps >= 1
-    assert cells.alive_ids() == ["cell-1"]
+    assert supervisor.counters.retried_steps >= 1
+    assert supervisor.cells.alive_ids() == ["cell-1"]
     assert metrics["cells_in_step"] == 1.0
-    assert ray.get(cells.actor("cell-1").progress.remote()) == 1  # applied exactly once
+    assert ray.get(supervisor.cells.actor("cell-1").progress.remote()) == 1  # exactly once
     head = ledger.head(RUN)
     assert (head.publisher_cell, head.epoch) == ("cell-1", 2)
-    assert cells.update_weights(engines) == 1
+    assert publisher.publish_weights().version == 1
 
 
-def test_a_healed_cell_rejoins_with_the_survivors_state(cells, ledger, engines):
-    cells.train_step(batch(engines))
-    os.kill(pid_of(cells, "cell-1"), signal.SIGKILL)
-    assert cells.check_liveness() == ["cell-1"]
+def test_a_healed_cell_rejoins_with_the_survivors_state(supervisor, ledger, engines):
+    supervisor.train_step(batch(engines))
+    os.kill(pid_of(supervisor, "cell-1"), signal.SIGKILL)
+    assert supervisor.check_cells() == ["cell-1"]
 
-    cells.heal("cell-1")
-    cells.train_step(batch(engines))
+    assert supervisor.heal_lost_cells() == ["cell-1"]
+    supervisor.train_step(batch(engines))
 
+    cells = supervisor.cells
     checksums = ray.get([cells.actor(c).weights_checksum.remote() for c in ("cell-0", "cell-1")])
     progress = ray.get([cells.actor(c).progress.remote() for c in ("cell-0", "cell-1")])
     assert checksums[0] == checksums[1]
@@ -140,17 +153,15 @@ def test_a_healed_cell_rejoins_with_the_survivors_state(cells, ledger, engines):
 
 
 def test_an_engine_dying_before_the_commit_is_not_blamed_on_the_publisher(
-    cells, ledger, engines
+    supervisor, publisher, ledger, engines
 ):
-    from orchestrator.control.cells import EngineLostError
-
     os.kill(ray.get(engines[1].pid.remote()), signal.SIGKILL)
     head_before = ledger.head(RUN)
 
     with pytest.raises(EngineLostError):
-        cells.update_weights(engines)
+        publisher.try_publish()
 
-    assert cells.alive_ids() == ["cell-0", "cell-1"]
+    assert supervisor.cells.alive_ids() == ["cell-0", "cell-1"]
     head = ledger.head(RUN)
     assert (head.version, head.epoch, head.publisher_cell) == (0, 1, "cell-0")
     assert head.seq > head_before.seq  # weight_update_started/aborted are on record
@@ -172,12 +183,15 @@ def create_cell_without_collectives(config: RunConfig, cell_id: str):
 
 
 def test_a_quorum_that_never_forms_fails_instead_of_retrying_for_ever(config, ledger,
-                                                                      sqlite_url):
-    group = CellGroup(config, ledger, sqlite_url, RUN, create_cell_without_collectives)
+                                                                      sqlite_url, tmp_path):
+    bound = config.model_copy(update={"db": sqlite_url})
+    supervisor = Supervisor(bound, ledger, RunLayout(tmp_path),
+                            create_cell=create_cell_without_collectives)
     try:
         with pytest.raises(StepFailedError, match="could not be formed"):
-            group.start()
-        assert group.alive_ids() == ["cell-0", "cell-1"]  # nobody was wrongly declared dead
-        assert group.quorum_id == group.max_attempts
+            supervisor.start_cells()
+        # nobody was wrongly declared dead
+        assert supervisor.cells.alive_ids() == ["cell-0", "cell-1"]
+        assert supervisor.cells.quorum_id == supervisor.policy.max_attempts
     finally:
-        group.stop()
+        supervisor.cells.stop()

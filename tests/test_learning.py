@@ -33,7 +33,7 @@ def test_short_grpo_run_raises_mean_reward(backend: str, sqlite_url: str) -> Non
     task = AdditionTask(seed=0)
     config = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
     engine = RolloutEngine("engine-0", backend, config, seed=0, task=task)
-    cell = TrainCell("cell-0", backend, config, seed=0)
+    cell = TrainCell("cell-0", backend, config, seed=0, ledger_url=sqlite_url, run_id="learn")
     ledger = Ledger.open(sqlite_url)
     ledger.start_run("learn")
     epoch = ledger.promote("learn", "cell-0", reason="start")
@@ -52,7 +52,7 @@ def test_short_grpo_run_raises_mean_reward(backend: str, sqlite_url: str) -> Non
         rewards.append(metrics["reward_mean"])
         clip_fractions.append(metrics["clip_fraction"])
         if step % PUBLISH_EVERY == PUBLISH_EVERY - 1:
-            published.append(cell.update_weights([engine], epoch, sqlite_url, "learn"))
+            published.append(cell.update_weights([engine], epoch).version)
 
     first, last = statistics.mean(rewards[:WINDOW]), statistics.mean(rewards[-WINDOW:])
     print(f"{backend}: mean reward first {WINDOW} steps {first:.3f}, last {WINDOW} {last:.3f}, "

@@ -51,7 +51,7 @@ class KillPlan:
     def __call__(self, job: TrainingJob, step: int) -> None:
         if step != self.at_step or self.fired:
             return
-        publisher = job.cells.publisher
+        publisher = job.ledger.head(job.run_id).publisher_cell
         pid = ray.get(job.cells.actor(publisher).pid.remote())
         os.kill(pid, self.sig)
         self.fired.append((step, publisher, pid))
@@ -198,7 +198,7 @@ def test_an_engine_dying_during_a_publish_is_restarted_and_gets_the_new_version(
             return
         victim = job.engines["engine-1"]
         os.kill(ray.get(victim.pid.remote()), signal.SIGKILL)
-        version = job.publish()  # its first attempt meets the dead engine
+        version = job.publisher.publish_weights().version  # 1st attempt meets the dead engine
         health = ray.get([engine.health.remote() for engine in job.engines.values()])
         published.append((version, health))
 

@@ -49,7 +49,8 @@ def publisher_setup(ray_cluster, sqlite_url: str):
     Engine = ray.remote(**ROLLOUT_ENGINE_ACTOR_OPTIONS)(RolloutEngine)
     Cell = ray.remote(**TRAIN_CELL_ACTOR_OPTIONS)(TrainCell)
     engines = [Engine.remote(f"engine-{i}", "torch", CONFIG, 0, TASK) for i in range(2)]
-    cells = [Cell.remote(f"cell-{i}", "torch", CONFIG, 0) for i in range(2)]
+    cells = [Cell.remote(f"cell-{i}", "torch", CONFIG, 0, ledger_url=sqlite_url, run_id=RUN)
+             for i in range(2)]
     ray.get(cells[0].train_step.remote(_batch(engines[0], 0)))
     ledger = Ledger.open(sqlite_url)
     ledger.start_run(RUN)
@@ -64,7 +65,7 @@ def publisher_setup(ray_cluster, sqlite_url: str):
 def test_publisher_killed_after_transfer_before_commit(publisher_setup, sqlite_url: str) -> None:
     ledger, epoch, cells, engines = publisher_setup
     initial = ray.get(engines[0].weights_checksum.remote())
-    ray.get(cells[0].begin_update.remote(engines, epoch, sqlite_url, RUN))
+    ray.get(cells[0].begin_update.remote(engines, epoch))
     transferred = ray.get(cells[0].transfer.remote(engines, epoch))
 
     _kill(cells[0])
@@ -77,7 +78,7 @@ def test_publisher_killed_after_transfer_before_commit(publisher_setup, sqlite_u
     assert not any(e.kind == "weight_committed" for e in ledger.events(RUN))
 
     next_epoch = ledger.promote(RUN, "cell-1", reason="failover", previous_cell="cell-0")
-    version = ray.get(cells[1].update_weights.remote(engines, next_epoch, sqlite_url, RUN))
+    version = ray.get(cells[1].update_weights.remote(engines, next_epoch)).version
 
     survivor = ray.get(cells[1].weights_checksum.remote())
     assert version == 1 == ledger.head(RUN).version
@@ -92,9 +93,9 @@ def test_publisher_killed_after_transfer_before_commit(publisher_setup, sqlite_u
 @pytest.mark.ray
 def test_publisher_killed_after_commit_before_stamp(publisher_setup, sqlite_url: str) -> None:
     ledger, epoch, cells, engines = publisher_setup
-    ray.get(cells[0].begin_update.remote(engines, epoch, sqlite_url, RUN))
+    ray.get(cells[0].begin_update.remote(engines, epoch))
     checksum = ray.get(cells[0].transfer.remote(engines, epoch))
-    committed = ray.get(cells[0].commit.remote(sqlite_url, RUN, epoch, checksum))
+    committed = ray.get(cells[0].commit.remote(epoch, checksum))
 
     _kill(cells[0])
 
@@ -105,7 +106,7 @@ def test_publisher_killed_after_commit_before_stamp(publisher_setup, sqlite_url:
     assert [h["version"] for h in ray.get([e.health.remote() for e in engines])] == [0, 0]
 
     next_epoch = ledger.promote(RUN, "cell-1", reason="failover", previous_cell="cell-0")
-    version = ray.get(cells[1].update_weights.remote(engines, next_epoch, sqlite_url, RUN))
+    version = ray.get(cells[1].update_weights.remote(engines, next_epoch)).version
 
     report = ledger.verify(RUN)
     assert version == committed + 1 == ledger.head(RUN).version
@@ -119,10 +120,10 @@ def test_a_superseded_publisher_is_fenced_by_ledger_and_engines(publisher_setup,
                                                                 sqlite_url: str) -> None:
     ledger, epoch, cells, engines = publisher_setup
     newer = ledger.promote(RUN, "cell-1", reason="manual", previous_cell="cell-0")
-    ray.get(cells[1].update_weights.remote(engines, newer, sqlite_url, RUN))
+    ray.get(cells[1].update_weights.remote(engines, newer))
 
     with pytest.raises(FencedError):
-        ray.get(cells[0].update_weights.remote(engines, epoch, sqlite_url, RUN))
+        ray.get(cells[0].update_weights.remote(engines, epoch))
 
     assert ledger.head(RUN).version == 1
     assert [h["version"] for h in ray.get([e.health.remote() for e in engines])] == [1, 1]
@@ -172,14 +173,14 @@ def test_set_state_heals_a_cell_with_weights_and_optimizer(tmp_path, sqlite_url:
 
 def test_checkpoint_round_trip_records_checkpoint_saved(tmp_path, sqlite_url: str) -> None:
     engine = RolloutEngine("engine-0", "torch", CONFIG, 0, TASK)
-    cell = TrainCell("cell-0", "torch", CONFIG, 0)
+    cell = TrainCell("cell-0", "torch", CONFIG, 0, ledger_url=sqlite_url, run_id=RUN)
     ledger = Ledger.open(sqlite_url)
     ledger.start_run(RUN)
     epoch = ledger.promote(RUN, "cell-0", reason="start")
     cell.train_step(_batch(engine, 0))
-    version = cell.update_weights([engine], epoch, sqlite_url, RUN)
+    version = cell.update_weights([engine], epoch).version
 
-    summary = cell.save_checkpoint(str(tmp_path / "ckpt" / "step1.pt"), sqlite_url, RUN, epoch)
+    summary = cell.save_checkpoint(str(tmp_path / "ckpt" / "step1.pt"), epoch)
     restored = TrainCell("cell-1", "torch", CONFIG, 3)
     loaded = restored.load_checkpoint(summary["path"])
 

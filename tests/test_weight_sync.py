@@ -21,11 +21,12 @@ TASK = AdditionTask(seed=0)
 RUN = "sync"
 
 
-def _start(config: PolicyConfig, transport: str, backend: str = "torch"):
+def _start(config: PolicyConfig, transport: str, ledger_url: str, backend: str = "torch"):
     Engine = ray.remote(**ROLLOUT_ENGINE_ACTOR_OPTIONS)(RolloutEngine)
     Cell = ray.remote(**TRAIN_CELL_ACTOR_OPTIONS)(TrainCell)
     engines = [Engine.remote(f"engine-{i}", backend, config, 0, TASK) for i in range(2)]
-    cell = Cell.remote("cell-0", backend, config, 0, transport)
+    cell = Cell.remote("cell-0", backend, config, 0, transport, ledger_url=ledger_url,
+                       run_id=RUN)
     return cell, engines
 
 
@@ -44,11 +45,11 @@ def _ledger_with_publisher(url: str) -> tuple[Ledger, int]:
 @pytest.mark.parametrize("backend", ["torch", "megatron"])
 def test_full_update_stamps_every_engine(ray_cluster, sqlite_url: str, backend: str) -> None:
     config = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
-    cell, engines = _start(config, "full", backend)
+    cell, engines = _start(config, "full", sqlite_url, backend)
     ledger, epoch = _ledger_with_publisher(sqlite_url)
     _train_once(cell, engines)
 
-    version = ray.get(cell.update_weights.remote(engines, epoch, sqlite_url, RUN))
+    version = ray.get(cell.update_weights.remote(engines, epoch)).version
 
     health = ray.get([e.health.remote() for e in engines])
     cell_checksum = ray.get(cell.weights_checksum.remote())
@@ -68,13 +69,13 @@ def test_full_update_stamps_every_engine(ray_cluster, sqlite_url: str, backend: 
 def test_lora_update_moves_only_adapters_and_stamps_every_engine(ray_cluster,
                                                                  sqlite_url: str) -> None:
     config = PolicyConfig(vocab_size=TOKENIZER.vocab_size, lora_rank=4)
-    cell, engines = _start(config, "lora")
+    cell, engines = _start(config, "lora", sqlite_url)
     ledger, epoch = _ledger_with_publisher(sqlite_url)
     base_before = ray.get([e.weights_checksum.remote() for e in engines])
     adapters_before = ray.get(engines[0].weights_checksum.remote(adapters_only=True))
     _train_once(cell, engines)
 
-    version = ray.get(cell.update_weights.remote(engines, epoch, sqlite_url, RUN))
+    version = ray.get(cell.update_weights.remote(engines, epoch)).version
 
     cell_adapters = ray.get(cell.weights_checksum.remote(adapters_only=True))
     committed = next(e for e in ledger.events(RUN) if e.kind == "weight_committed")

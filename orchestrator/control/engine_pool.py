@@ -39,7 +39,6 @@ class RayEnginePool:
         self._engines = dict(engines)
         self._in_flight = {engine_id: 0 for engine_id in engines}
         self._dead: set[str] = set()
-        self.aborted_by_death = 0
 
     def alive_ids(self) -> list[str]:
         """Engines not known to be dead, in id order."""
@@ -72,7 +71,6 @@ class RayEnginePool:
             return await self._engines[engine_id].generate.remote(prompt, n_samples, group_index)
         except ENGINE_FAILURES:
             self.mark_dead(engine_id)
-            self.aborted_by_death += 1
             return [
                 Sample(
                     index=group_index * n_samples + i,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config import RunConfig
+from orchestrator.control.errors import StartupError
 
 __all__ = [
     "ActorBudget",
@@ -29,10 +30,6 @@ CELL_CPUS = 0.25
 ENGINE_CPUS = 0.25
 MANAGER_CPUS = 0.1
 LORA_RANK = 4
-
-
-class StartupError(RuntimeError):
-    """The job cannot start here (too few CPUs, no Ray cluster): one line for the user."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +133,8 @@ def create_engine(config: RunConfig, engine_id: str):
 
 
 def create_cell(config: RunConfig, cell_id: str):
-    """A ``TrainCell`` actor with the run's policy, optimizer and transport."""
+    """A ``TrainCell`` actor with the run's policy, optimizer and transport, bound to the
+    run's ledger (``config.db``, ``config.run_id``) for publishing."""
     import ray
 
     from actors.grpo import GRPOConfig
@@ -151,6 +149,7 @@ def create_cell(config: RunConfig, cell_id: str):
             temperature=config.temperature,
         ),
         collective_timeout_s=config.heartbeat_timeout_s,
+        ledger_url=config.db, run_id=config.run_id,
     )
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+
+from ledger.run_layout import REWARD_KEY, STALENESS_MAX_KEY
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 __all__ = ["RunProgress"]
 
-_STALENESS_MAX = "rollout/fully_async/staleness_max"
 
 
 class RunProgress:
@@ -47,8 +48,8 @@ class RunProgress:
         self._progress.update(
             self._task,
             advance=1,
-            reward=float(record.get("reward/mean", 0.0)),
+            reward=float(record.get(REWARD_KEY, 0.0)),
             version=record.get("weight_version", 0),
-            staleness=record.get(_STALENESS_MAX, 0),
+            staleness=record.get(STALENESS_MAX_KEY, 0),
             cells=record.get("cells_alive", "-"),
         )

@@ -1,0 +1,36 @@
+"""The one seam through which drills and tests observe or act on a running job.
+
+The control plane calls these hooks at named points of a step; the default does nothing.
+Faults are injected by a ``JobHooks`` subclass handed to the job (``JobOptions.hooks``), never
+by reassigning methods of live objects: a reader of the driver sees every point where outside
+code may run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.control.driver import TrainingJob
+
+__all__ = ["JobHooks"]
+
+
+class JobHooks:
+    """Callbacks at the named points of a training step. Subclass and override what you need.
+
+    Hooks run on the driver's thread; a hook that raises ends the run (drills use that to stop
+    a job on purpose).
+    """
+
+    def before_train_step(self, job: TrainingJob, step: int) -> None:
+        """The batch of ``step`` is drained; the cells are about to train on it."""
+
+    def after_train_step(self, job: TrainingJob, step: int) -> None:
+        """The cells have applied ``step`` (or it failed and is being raised)."""
+
+    def before_publish(self, job: TrainingJob) -> None:
+        """A weight update is about to start (before the publisher is called)."""
+
+    def on_step_end(self, job: TrainingJob, step: int) -> None:
+        """``step`` is done: published, checkpointed, metrics written."""

@@ -1,0 +1,69 @@
+"""One line of ``metrics.jsonl`` per training step, and the rewards a run summary needs."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ledger import Head
+from ledger.run_layout import REWARD_KEY, WEIGHT_VERSION_KEY
+from orchestrator.rollout.types import RolloutFnTrainOutput
+
+__all__ = ["StepRecorder"]
+
+
+class StepRecorder:
+    """Builds each step's record and appends it to ``metrics.jsonl``."""
+
+    def __init__(self, metrics_path: Path) -> None:
+        self.metrics_path = metrics_path
+        self.rewards: list[float] = []
+        self._started = time.monotonic()
+
+    def record(self, step: int, batch: RolloutFnTrainOutput, train: dict[str, float],
+               head: Head, *, published_version: int | None, cells_alive: int,
+               quorum_id: int, step_started: float, timings: dict[str, float],
+               negative_staleness_total: int) -> dict[str, Any]:
+        """The record of 0-based ``step``, written to the metrics file; returns it."""
+        rewards = [sample.reward for group in batch.samples for sample in group]
+        reward_mean = statistics.fmean(rewards) if rewards else 0.0
+        self.rewards.append(reward_mean)
+        seconds = time.monotonic() - step_started
+        record: dict[str, Any] = {
+            "step": step + 1,
+            "time": datetime.now(UTC).isoformat(),
+            "wall_s": round(time.monotonic() - self._started, 3),
+            "step_s": round(seconds, 4),
+            "samples": len(rewards),
+            "samples_per_s": round(len(rewards) / seconds, 2) if seconds > 0 else None,
+            REWARD_KEY: reward_mean,
+            WEIGHT_VERSION_KEY: head.version,
+            "published_version": published_version,
+            "epoch": head.epoch,
+            "publisher": head.publisher_cell,
+            "cells_alive": cells_alive,
+            "quorum_id": quorum_id,
+        }
+        record.update({f"train/{key}": value for key, value in train.items()})
+        record.update(batch.metrics)
+        record["negative_staleness_run_total"] = negative_staleness_total
+        record.update({key: round(value, 4) for key, value in timings.items()})
+        with self.metrics_path.open("a", encoding="utf-8") as sink:
+            sink.write(json.dumps(record, default=str) + "\n")
+        return record
+
+    def reward_window(self) -> tuple[float, float]:
+        """Mean reward of the first and of the last few steps (up to 5, a quarter of the run)."""
+        if not self.rewards:
+            return 0.0, 0.0
+        window = max(1, min(5, len(self.rewards) // 4 or 1))
+        return (statistics.fmean(self.rewards[:window]),
+                statistics.fmean(self.rewards[-window:]))
+
+    @property
+    def wall_s(self) -> float:
+        return time.monotonic() - self._started
