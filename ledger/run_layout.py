@@ -7,9 +7,15 @@ This is the one place these names live; nothing else spells ``metrics.jsonl`` or
 A run directory (``runs/<run-id>/`` by default)::
 
     ledger.db        the embedded SQLite ledger (when no --db is given)
-    metrics.jsonl    one JSON object per training step
+    metrics.jsonl    one JSON object per training step, each with the ledger head it saw
+                     under "ledger_head" ({"run_id", "seq", "version", "hash"})
     run.png          the run's plot
-    checkpoints/     step-NNNNNN.pt (cells) and rollout-step-NNNNNN.json (rollout manager)
+    checkpoints/     step-NNNNNN.pt (cells), beside it step-NNNNNN.witness.json (the ledger
+                     head the checkpoint saw, the same four keys), and
+                     rollout-step-NNNNNN.json (rollout manager)
+
+The ledger URL itself may come from ``LEDGER_DB`` (``LEDGER_DB_ENV``); a PostgreSQL password
+belongs in ``PGPASSWORD`` or ``~/.pgpass``, never in the URL (see :mod:`ledger.redact`).
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ __all__ = [
     "CHECKPOINT_DIR",
     "DEFAULT_RUNS_DIR",
     "FULLY_ASYNC_PREFIX",
+    "LEDGER_DB_ENV",
     "LEDGER_FILE",
+    "LEDGER_HEAD_KEY",
     "MANAGER_PREFIX",
     "METRICS_FILE",
     "NEGATIVE_STALENESS_KEY",
@@ -31,7 +39,10 @@ __all__ = [
     "STALENESS_MAX_KEY",
     "STEP_KEY",
     "WEIGHT_VERSION_KEY",
+    "WITNESS_KEYS",
+    "WITNESS_SUFFIX",
     "RunLayout",
+    "checkpoint_witness_path",
     "default_ledger_url",
     "manager_metric_key",
     "metric_key",
@@ -42,6 +53,13 @@ LEDGER_FILE = "ledger.db"
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "run.png"
 CHECKPOINT_DIR = "checkpoints"
+LEDGER_DB_ENV = "LEDGER_DB"  # the environment variable the `ledger` command reads its URL from
+
+# Witnesses (what a run's files saw of the ledger): a metrics line holds one under this key, a
+# checkpoint has one in a sidecar file with this suffix; both have exactly these keys.
+LEDGER_HEAD_KEY = "ledger_head"
+WITNESS_SUFFIX = ".witness.json"
+WITNESS_KEYS = ("run_id", "seq", "version", "hash")
 
 # Per-step rollout metrics (DESIGN section 6) all carry this prefix.
 FULLY_ASYNC_PREFIX = "rollout/fully_async/"
@@ -65,6 +83,12 @@ def metric_key(name: str) -> str:
 def manager_metric_key(name: str) -> str:
     """The full key of a rollout-manager run total: ``manager_metric_key("prompts_trained")``."""
     return MANAGER_PREFIX + name
+
+
+def checkpoint_witness_path(checkpoint: Path) -> Path:
+    """The witness sidecar of a checkpoint: ``step-000010.pt`` -> ``step-000010.witness.json``."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.with_name(checkpoint.stem + WITNESS_SUFFIX)
 
 
 def default_ledger_url(run_dir: Path) -> str:
@@ -107,6 +131,14 @@ class RunLayout:
     def checkpoint_path(self, train_step: int) -> Path:
         """The cells' checkpoint after ``train_step`` steps."""
         return self.checkpoint_dir / f"step-{train_step:06d}.pt"
+
+    def witness_path(self, train_step: int) -> Path:
+        """The ledger head that the checkpoint after ``train_step`` steps saw."""
+        return checkpoint_witness_path(self.checkpoint_path(train_step))
+
+    def witness_paths(self) -> list[Path]:
+        """Every checkpoint witness of the run, oldest first."""
+        return sorted(self.checkpoint_dir.glob(f"step-*{WITNESS_SUFFIX}"))
 
     def manager_state_path(self, train_step: int) -> Path:
         """The rollout manager's saved prompt state after ``train_step`` steps."""
