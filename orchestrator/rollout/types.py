@@ -75,8 +75,12 @@ class Prompt:
 class Sample:
     """One response to one prompt, stamped with the weight versions that produced it.
 
-    ``weight_versions`` holds one entry per generate call (a resumed generation after an
-    abort adds one); its minimum is the version that makes the sample stale.
+    ``weight_versions`` holds the distinct versions the sample ran under, in the order they
+    were first used (the version its generate call started under first, then each version a
+    weight update paused it into, with partial rollout). ``token_versions`` holds one version
+    per response token (empty from engines that do not report it); ``rollout_log_probs`` holds
+    one log-prob per response token, under the weights of that token's version. The oldest of
+    all of them is the version that makes the sample stale.
     """
 
     index: int
@@ -89,10 +93,17 @@ class Sample:
     weight_versions: list[int] = field(default_factory=list)
     recycle_count: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
+    token_versions: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.status = SampleStatus(self.status)
         self.weight_versions = [check_weight_version(v) for v in self.weight_versions]
+        self.token_versions = [check_weight_version(v) for v in self.token_versions]
+        if self.token_versions and len(self.token_versions) != len(self.response_tokens):
+            raise VersionLabelError(
+                f"sample {self.index}: {len(self.token_versions)} token versions for "
+                f"{len(self.response_tokens)} response tokens"
+            )
 
     def stamp(self, weight_version: object) -> None:
         """Record that a generate call ran under ``weight_version``."""
@@ -100,8 +111,20 @@ class Sample:
 
     @property
     def oldest_weight_version(self) -> int | None:
-        """The oldest version that contributed tokens, or None if never stamped."""
-        return min(self.weight_versions) if self.weight_versions else None
+        """The oldest version that contributed tokens, or None if never stamped.
+
+        ``min(weight_versions + token_versions)``: with per-token versions this is
+        ``min(token_versions)``, the version staleness is measured from.
+        """
+        versions = self.weight_versions + self.token_versions
+        return min(versions) if versions else None
+
+    @property
+    def version_span(self) -> int:
+        """Weight updates this sample's generation crossed: newest - oldest version (0 if
+        it ran under one version, or was never stamped)."""
+        versions = self.weight_versions + self.token_versions
+        return max(versions) - min(versions) if versions else 0
 
 
 @dataclass

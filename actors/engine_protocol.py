@@ -1,0 +1,149 @@
+"""The rollout engine interface the rest of the system relies on, as a ``typing.Protocol``.
+
+Every engine (the built-in :class:`~actors.rollout_engine.RolloutEngine`, a vLLM engine, a
+benchmark double) is a plain class made a Ray actor where it is allocated. The control plane
+calls the control methods through Ray handles; the rollout manager calls :meth:`generate`
+through an :class:`~orchestrator.rollout.types.EnginePool`. Nothing here imports Ray.
+
+Samples (what :meth:`RolloutEngineProtocol.generate` returns)
+------------------------------------------------------------
+One :class:`~orchestrator.rollout.types.Sample` per response, ``group_index`` set, and:
+
+* ``response_tokens``: the generated token ids (an EOS included if one was sampled);
+* ``rollout_log_probs``: one float per response token, ``log_softmax(logits / temperature)``
+  of the chosen token, under the weights that produced THAT token (the loss uses it for the
+  per-token importance ratio, so it must come from the producing weights, not the final ones);
+* ``token_versions``: one int per response token, the weight version that produced it;
+* ``weight_versions``: the distinct versions the sample ran under, in the order they were
+  first used. It always holds the version current when the call started (so a sample with no
+  token is still stamped), then every version its tokens add. Its minimum equals
+  ``min(token_versions)`` whenever there are tokens;
+* ``status``: COMPLETED (EOS), TRUNCATED (token budget or context), ABORTED (see below);
+* ``reward``: the task's reward (0 for ABORTED).
+
+Versions are plain ints (0 = the weights the engine was launched with); the engine never
+invents a version, it only uses what :meth:`update_weight_version` stamped.
+
+The weight update (DESIGN section 5) and the two pause modes
+-------------------------------------------------------------
+The publisher at epoch ``e`` calls, in order: :meth:`begin_update` (``e``), :meth:`load_weights`
+(``e``), then, after the ledger committed ``v``, :meth:`update_weight_version` (``v``, ``e``)
+and :meth:`continue_generation` (``e``). Every call from an epoch below the highest the engine
+has seen raises ``StaleEpochError`` and changes nothing (the engines fence the tensors).
+
+What ``begin_update`` does to generation in flight is the engine's *pause mode*, fixed when it
+is built (``partial_rollout``, from ``RunConfig.partial_rollout``):
+
+* ``abort`` (``partial_rollout=False``): in-flight calls stop at the next token boundary and
+  return ABORTED samples (tokens so far, reward 0); the rollout path recycles or drops them.
+* ``in_place`` (``partial_rollout=True``, miles ``--pause-generation-mode in_place``, verl
+  ``partial_rollout``): in-flight calls stop at the next token boundary and WAIT, keeping what
+  they generated. After ``continue_generation`` they go on under the new weights: later tokens
+  carry the new version in ``token_versions`` and their log-probs come from the new weights.
+  Such a sample spans versions; its staleness is ``current - min(token_versions)``, so it is
+  bounded like any other and never negative. A call that stays parked longer than the engine's
+  paused-wait timeout (a publisher that died mid-update and nobody resumed) comes back ABORTED,
+  with its tokens so far.
+
+In both modes ``begin_update`` returns only when no call is computing a token (aborted calls
+have returned, in-place calls are parked), so ``load_weights`` never changes weights under a
+running forward pass; new calls wait while the engine is paused.
+
+Retry safety: ``begin_update`` twice is harmless; ``load_weights`` again overwrites with the
+same tensors; ``update_weight_version`` with the same ``(v, e)`` is a no-op; ``continue_generation``
+on a running engine is a no-op.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from orchestrator.rollout.types import Prompt, Sample
+
+__all__ = ["PAUSE_MODES", "RolloutEngineProtocol", "pause_mode"]
+
+PAUSE_MODES: tuple[str, ...] = ("abort", "in_place")
+"""The names of the pause modes: ``abort`` (no partial rollout) and ``in_place``."""
+
+
+def pause_mode(partial_rollout: bool) -> str:
+    """The pause mode name of an engine built with ``partial_rollout``."""
+    return "in_place" if partial_rollout else "abort"
+
+
+@runtime_checkable
+class RolloutEngineProtocol(Protocol):
+    """What an inference engine must offer (see the module docstring for the semantics).
+
+    Thread-safety: :meth:`generate` may run in many threads (or coroutines) at once while
+    control calls arrive; control calls must never queue behind a generate call that is
+    parked by a pause (run them in their own concurrency group).
+    """
+
+    engine_id: str
+
+    def generate(self, prompt: Prompt, n_samples: int, group_index: int) -> list[Sample]:
+        """Sample ``n_samples`` responses to ``prompt`` (see "Samples" above).
+
+        Waits while the engine is paused (up to its paused-wait timeout, then ABORTED). A pause
+        never raises here: aborted or timed-out work comes back as ABORTED samples.
+
+        Raises:
+            ValueError: ``n_samples < 1`` or the prompt leaves no room for a response.
+        """
+        ...
+
+    def begin_update(self, epoch: int) -> dict[str, Any]:
+        """Adopt ``epoch``, pause (per the engine's pause mode), wait until no call computes.
+
+        Returns :meth:`health`.
+
+        Raises:
+            StaleEpochError: ``epoch`` is below the highest seen; nothing changes.
+        """
+        ...
+
+    def load_weights(self, tensors: dict[str, Any], epoch: int, transport: str = "full") -> str:
+        """Copy ``tensors`` (all, or LoRA adapters only) into the paused engine; returns the
+        sha256 of what was received (:func:`actors.weight_sync.tensors_checksum`). The version
+        label does not change.
+
+        Raises:
+            StaleEpochError: ``epoch`` is below the highest seen; nothing changes.
+            EngineStateError: the engine is not paused, or a call is still computing.
+            PolicyError: names or shapes do not match; nothing changes.
+            ValueError: unknown transport.
+        """
+        ...
+
+    def update_weight_version(self, version: int, epoch: int) -> str:
+        """Label the loaded weights with the committed ``version``; returns ``engine_id``.
+        Does not resume.
+
+        Raises:
+            StaleEpochError: ``epoch`` is below the highest seen; nothing changes.
+            VersionLabelError: ``version`` is not an int >= 0.
+        """
+        ...
+
+    def continue_generation(self, epoch: int | None = None) -> None:
+        """Resume: waiting calls start, in-place parked calls continue under the new weights.
+
+        Raises:
+            StaleEpochError: ``epoch`` is below the highest seen; the engine stays paused.
+        """
+        ...
+
+    def weights_checksum(self, adapters_only: bool = False) -> str:
+        """sha256 of the engine's tensors (all, or the LoRA adapters) in name order."""
+        ...
+
+    def health(self) -> dict[str, Any]:
+        """A snapshot with at least: ``engine_id``, ``pid``, ``version``, ``epoch``,
+        ``paused``, ``in_flight`` (calls not yet returned, parked ones included),
+        ``pause_mode`` (``abort`` | ``in_place``)."""
+        ...
+
+    def pid(self) -> int:
+        """The engine's process id (drills and tests kill it from outside)."""
+        ...
