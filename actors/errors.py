@@ -5,7 +5,8 @@
     ├── StaleEpochError      weight traffic from an epoch lower than one the engine has seen
     ├── EngineStateError     an engine asked to do something its state forbids
     ├── TransferError        engines disagree on what they received (checksum mismatch)
-    └── CollectiveError      cross-cell gradient averaging failed (peer died, timeout)
+    ├── CollectiveError      cross-cell gradient averaging failed (peer died, timeout)
+    └── PolicyError          the policy cannot be built or loaded here
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ __all__ = [
     "ActorError",
     "CollectiveError",
     "EngineStateError",
+    "PolicyError",
     "StaleEpochError",
     "TransferError",
 ]
@@ -54,3 +56,8 @@ class TransferError(ActorError):
 
 class CollectiveError(ActorError):
     """Cross-cell gradient averaging failed; the step was not applied."""
+
+
+class PolicyError(ActorError):
+    """The policy cannot be built here (unknown backend, foreign distributed world, ...) or
+    given tensors do not fit it."""

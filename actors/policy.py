@@ -6,11 +6,8 @@ Both backends build the same architecture with the same parameter names (megatro
 state dict saved by one loads into the other and gives the same logits. Every model returned by
 :func:`build_policy` is called as ``model(tokens[b, s]) -> logits[b, s, vocab]`` (causal).
 
-Megatron on CPU: megatron-core's parallel state is process-global and needs
-``torch.distributed``; each process that builds a megatron policy initialises its own gloo world
-of size 1 on a file store (:func:`ensure_megatron_parallel_state`). Cross-cell gradient
-averaging never uses that default group (see ``actors/train_cell.py``). The twin needs none of
-this and does not import megatron.
+Megatron on CPU is built in :mod:`actors.megatron_gpt`; the twin needs none of it and does not
+import megatron.
 
 LoRA: :func:`apply_lora` wraps the attention (``linear_qkv``, ``linear_proj``) and MLP
 (``linear_fc1``, ``linear_fc2``) projections with low-rank adapters and freezes everything else;
@@ -20,15 +17,15 @@ LoRA: :func:`apply_lora` wraps the attention (``linear_qkv``, ``linear_proj``) a
 from __future__ import annotations
 
 import math
-import os
-import tempfile
-import threading
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from actors.errors import PolicyError
+from actors.megatron_gpt import build_megatron_gpt, ensure_megatron_parallel_state
 
 __all__ = [
     "BACKENDS",
@@ -47,10 +44,6 @@ __all__ = [
 BACKENDS: tuple[str, ...] = ("torch", "megatron")
 LORA_TARGETS: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 _INIT_STD = 0.02
-
-
-class PolicyError(RuntimeError):
-    """The policy cannot be built here (unknown backend, foreign distributed world, ...)."""
 
 
 @dataclass(frozen=True)
@@ -311,119 +304,6 @@ class TorchCausalLM(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------
-# megatron-core
-
-
-_MEGATRON_LOCK = threading.Lock()
-
-
-def ensure_megatron_parallel_state() -> None:
-    """Initialise this process's megatron parallel state (TP = PP = 1) once.
-
-    If ``torch.distributed`` is not initialised, creates a gloo world of size 1 on a fresh file
-    store (no port to collide with other processes). Safe to call repeatedly and from threads.
-
-    Raises:
-        PolicyError: ``torch.distributed`` is already initialised with a world size other than
-            1 (megatron's groups would then span foreign processes).
-    """
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    with _MEGATRON_LOCK:
-        if not dist.is_initialized():
-            handle, path = tempfile.mkstemp(prefix="rl-ledger-megatron-")
-            os.close(handle)
-            os.unlink(path)
-            dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
-        if dist.get_world_size() != 1:
-            raise PolicyError(
-                f"megatron policy needs a torch.distributed world of 1 per process, "
-                f"found {dist.get_world_size()}"
-            )
-        if not parallel_state.model_parallel_is_initialized():
-            parallel_state.initialize_model_parallel(
-                tensor_model_parallel_size=1, pipeline_model_parallel_size=1
-            )
-
-
-def _apply_megatron_cpu_shim(seed: int) -> None:
-    """Let megatron-core 0.16 build and run a model on a machine without a GPU.
-
-    Why: megatron allocates some tensors with ``device=torch.cuda.current_device()``, which
-    raises on a CPU-only torch build, and its default RNG tracker forks CUDA RNG state. So, only
-    when no GPU is present, ``current_device`` answers ``"cpu"`` and the tracker is the no-op
-    inference tracker (dropout is 0 in our configs, so no model-parallel RNG is needed).
-    """
-    if torch.cuda.is_available():
-        return
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
-    model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True, force_reset_rng=True)
-
-
-_MEGATRON_CLASS: type[nn.Module] | None = None
-
-
-def _megatron_causal_lm_class() -> type[nn.Module]:
-    """A ``GPTModel`` subclass called as ``model(tokens) -> logits`` (built lazily: the import
-    of megatron takes seconds and the twin must not need it)."""
-    global _MEGATRON_CLASS
-    if _MEGATRON_CLASS is None:
-        from megatron.core.models.gpt.gpt_model import GPTModel
-
-        class MegatronCausalLM(GPTModel):
-            """megatron-core GPTModel with learned absolute positions and a causal mask."""
-
-            backend = "megatron"
-
-            def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-                batch, seq = tokens.shape
-                positions = torch.arange(seq, device=tokens.device).unsqueeze(0).expand(batch, seq)
-                # An explicit mask (True = hidden): megatron's default causal mask is built
-                # with device="cuda" hard-coded.
-                mask = torch.ones(seq, seq, dtype=torch.bool, device=tokens.device).triu(1)
-                return super().forward(tokens, positions, attention_mask=mask.view(1, 1, seq, seq))
-
-        _MEGATRON_CLASS = MegatronCausalLM
-    return _MEGATRON_CLASS
-
-
-def _build_megatron(config: PolicyConfig, seed: int) -> nn.Module:
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-        from megatron.core.transformer.transformer_config import TransformerConfig
-
-        ensure_megatron_parallel_state()
-        _apply_megatron_cpu_shim(seed)
-        transformer_config = TransformerConfig(
-            num_layers=config.num_layers,
-            hidden_size=config.hidden_size,
-            num_attention_heads=config.num_attention_heads,
-            ffn_hidden_size=config.ffn_hidden_size,
-            hidden_dropout=0.0,
-            attention_dropout=0.0,
-            use_cpu_initialization=True,
-            init_method_std=_INIT_STD,
-            params_dtype=torch.float32,
-            pipeline_dtype=torch.float32,
-        )
-        model = _megatron_causal_lm_class()(
-            config=transformer_config,
-            transformer_layer_spec=get_gpt_layer_local_spec(),
-            vocab_size=config.vocab_size,
-            max_sequence_length=config.max_sequence_length,
-            position_embedding_type="learned_absolute",
-            share_embeddings_and_output_weights=False,
-        )
-    return model
-
-
-# --------------------------------------------------------------------------------------------
 
 
 def build_policy(
@@ -446,7 +326,7 @@ def build_policy(
         if backend == "torch":
             model: nn.Module = TorchCausalLM(policy_config)
         else:
-            model = _build_megatron(policy_config, seed)
+            model = build_megatron_gpt(policy_config, seed, init_std=_INIT_STD)
         if policy_config.lora_rank > 0:
             apply_lora(model, policy_config.lora_rank, policy_config.lora_alpha)
     return model

@@ -5,12 +5,8 @@ A plain class, made remote where it is allocated::
     Cell = ray.remote(**TRAIN_CELL_ACTOR_OPTIONS)(TrainCell)
 
 Each step, alive cells average gradients over a gloo group that the control plane re-forms
-when membership changes (:meth:`TrainCell.configure_group`). Mechanism, chosen after trying
-both on this CPU-only machine: **torchft's reconfigurable ``ProcessGroupGloo``** (torchft 0.2).
-It works on CPU, creates its gloo backend on a ``PrefixStore`` over a TCP store without
-touching ``torch.distributed``'s default group (which megatron's parallel state already owns as
-a world of 1 per process), and a re-configure with a fresh prefix per quorum id tears down the
-old group. The store is hosted by the control plane (:func:`create_rendezvous_store`).
+when membership changes (:meth:`TrainCell.configure_group`; the mechanism is in
+:mod:`actors.gradient_group`).
 
 One cell is the publisher (the newest ``cell_promoted`` in the ledger). Its weight update
 follows DESIGN section 5 through four public steps that :meth:`TrainCell.update_weights` calls
@@ -44,7 +40,7 @@ from typing import Any
 import ray
 import torch
 
-from actors.errors import CollectiveError
+from actors.gradient_group import GradientGroup
 from actors.grpo import GRPOConfig, build_train_batch, grpo_loss
 from actors.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
 from actors.task import TOKENIZER
@@ -60,23 +56,11 @@ from actors.weight_sync import (
 from ledger import EventKind, FencedError, Ledger
 from orchestrator.rollout.types import Group, Sample
 
-__all__ = ["TRAIN_CELL_ACTOR_OPTIONS", "TrainCell", "create_rendezvous_store"]
+__all__ = ["TRAIN_CELL_ACTOR_OPTIONS", "TrainCell"]
 
 logger = logging.getLogger(__name__)
 
 TRAIN_CELL_ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 0.5, "max_concurrency": 1}
-
-
-def create_rendezvous_store(host: str = "127.0.0.1", port: int = 0) -> tuple[Any, str]:
-    """Host the TCP store that cells rendezvous on; returns ``(store, "host:port")``.
-
-    Keep the returned store object alive for as long as groups are formed (it is the server).
-    ``port=0`` picks a free port.
-    """
-    from torch.distributed import TCPStore
-
-    store = TCPStore(host, port, is_master=True, wait_for_workers=False)
-    return store, f"{host}:{store.port}"
 
 
 class TrainCell:
@@ -122,14 +106,12 @@ class TrainCell:
         self.transport = transport
         self.grpo = grpo or GRPOConfig()
         self.max_grad_norm = max_grad_norm
-        self.collective_timeout = timedelta(seconds=collective_timeout_s)
         self.model = build_policy(backend, config, seed).train()
         self._parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self._parameters, lr=learning_rate, weight_decay=0.0)
         self.train_step_count = 0
         self.weight_version = 0  # the last version this cell's weights were committed as
-        self._group: Any = None
-        self._group_world = (None, 0, 1)  # (quorum id, rank, world size)
+        self._gradients = GradientGroup(cell_id, timedelta(seconds=collective_timeout_s))
         self.ledger_url = ledger_url
         self.run_id = run_id
         self._ledger_handle: Ledger | None = None
@@ -147,65 +129,13 @@ class TrainCell:
 
     def configure_group(self, quorum_id: int, rank: int, world_size: int,
                         store_addr: str | None = None) -> None:
-        """Join the gradient group of quorum ``quorum_id`` as ``rank`` of ``world_size``.
-
-        Every member must call this concurrently with the same quorum id and world size; it
-        blocks until all have joined (or the collective timeout passes). ``world_size == 1``
-        drops any group (no averaging). A new quorum id gives a fresh store prefix, so members
-        of an old quorum can never meet members of the new one.
+        """Join the gradient group of quorum ``quorum_id`` as ``rank`` of ``world_size``
+        (:meth:`actors.gradient_group.GradientGroup.join`).
 
         Raises:
             CollectiveError: the group could not be formed; the cell has no group afterwards.
         """
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"invalid rank {rank} of world {world_size}")
-        self._drop_group()
-        if world_size == 1:
-            self._group_world = (quorum_id, 0, 1)
-            return
-        if store_addr is None:
-            raise ValueError("a group of more than one cell needs store_addr")
-        from torchft.process_group import ProcessGroupGloo
-
-        group = ProcessGroupGloo(timeout=self.collective_timeout)
-        try:
-            group.configure(f"{store_addr}/rl-ledger/quorum/{quorum_id}", self.cell_id, rank,
-                            world_size, quorum_id=quorum_id)
-        except Exception as exc:
-            raise CollectiveError(f"cell {self.cell_id}: quorum {quorum_id} not formed") from exc
-        self._group, self._group_world = group, (quorum_id, rank, world_size)
-
-    def _drop_group(self) -> None:
-        if self._group is not None:
-            try:
-                self._group.abort(errored=False)
-            except Exception:  # noqa: BLE001 - a broken group is being discarded anyway
-                logger.debug("aborting the old group failed", exc_info=True)
-        self._group = None
-
-    def _average_gradients(self) -> None:
-        world_size = self._group_world[2]
-        if self._group is None or world_size == 1:
-            return
-        from torch.distributed import AllreduceOptions, ReduceOp
-
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._parameters]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        options = AllreduceOptions()
-        options.reduceOp = ReduceOp.SUM
-        try:
-            self._group.allreduce([flat], options).wait()
-        except Exception as exc:
-            self._drop_group()
-            raise CollectiveError(
-                f"cell {self.cell_id}: gradient all-reduce failed in quorum {self._group_world[0]}"
-            ) from exc
-        flat /= world_size
-        offset = 0
-        for parameter in self._parameters:
-            count = parameter.numel()
-            parameter.grad = flat[offset:offset + count].view_as(parameter).clone()
-            offset += count
+        self._gradients.join(quorum_id, rank, world_size, store_addr)
 
     # ---------------------------------------------------------------------------- training
 
@@ -226,7 +156,7 @@ class TrainCell:
         self.optimizer.zero_grad(set_to_none=True)
         loss, metrics = grpo_loss(self.model, batch, self.grpo)
         loss.backward()
-        self._average_gradients()
+        self._gradients.average(self._parameters)
         grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters, self.max_grad_norm)
         self.optimizer.step()
         self.train_step_count += 1
@@ -234,7 +164,7 @@ class TrainCell:
         metrics.update({
             "train_step": float(self.train_step_count),
             "grad_norm": float(grad_norm),
-            "world_size": float(self._group_world[2]),
+            "world_size": float(self._gradients.world_size),
             "oldest_sample_version": float(min(versions)) if versions else -1.0,
             "step_seconds": time.perf_counter() - started,
         })
@@ -448,7 +378,7 @@ class TrainCell:
 
     def close(self) -> None:
         """Leave the gradient group and close ledger connections."""
-        self._drop_group()
+        self._gradients.leave()
         if self._ledger_handle is not None:
             self._ledger_handle.close()
             self._ledger_handle = None

@@ -20,7 +20,8 @@ from actors.errors import CollectiveError
 from actors.policy import PolicyConfig
 from actors.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
-from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell, create_rendezvous_store
+from actors.gradient_group import create_rendezvous_store
+from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell
 from ledger import FencedError, Ledger
 
 TASK = AdditionTask(seed=0)

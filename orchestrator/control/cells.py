@@ -92,7 +92,7 @@ class CellGroup:
 
     def start(self) -> None:
         """Create ``num_cells`` cells and record them alive (the supervisor forms the quorum)."""
-        from actors.train_cell import create_rendezvous_store
+        from actors.gradient_group import create_rendezvous_store
 
         self._store, self._store_addr = create_rendezvous_store()
         for index in range(self.config.num_cells):

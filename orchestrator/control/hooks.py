@@ -8,12 +8,25 @@ code may run.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from orchestrator.control.driver import TrainingJob
+from ledger import Ledger
+from ledger.run_layout import RunLayout
+from orchestrator.config import RunConfig
 
-__all__ = ["JobHooks"]
+__all__ = ["JobHooks", "TrainingJob"]
+
+
+class TrainingJob(Protocol):
+    """What a hook sees of the running job (``orchestrator.control.driver.TrainingJob``)."""
+
+    config: RunConfig
+    run_id: str
+    ledger: Ledger
+    layout: RunLayout
+    step: int
+    supervisor: Any  # orchestrator.control.supervisor.Supervisor
+    publisher: Any  # orchestrator.control.publisher.Publisher
 
 
 class JobHooks:
