@@ -16,7 +16,10 @@ from ledger.errors import (
 )
 from ledger.events import Event, EventKind, Head
 from ledger.projections import RunState, fold
+from ledger.redact import redact_text, redact_url
+from ledger.report import compact_ranges
 from ledger.store import Ledger, RunSummary
+from ledger.witness import Witness, check_witness, read_witnesses
 
 __all__ = [
     "AuditReport",
@@ -33,5 +36,11 @@ __all__ = [
     "RunSummary",
     "SchemaError",
     "UnknownRunError",
+    "Witness",
+    "check_witness",
+    "compact_ranges",
     "fold",
+    "read_witnesses",
+    "redact_text",
+    "redact_url",
 ]

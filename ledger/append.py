@@ -25,7 +25,13 @@ from ledger.events import (
 )
 from ledger.schema import ledger_events, run_heads, runs
 
-__all__ = ["append_locked", "create_run_locked", "lock_head", "row_to_event"]
+__all__ = [
+    "IDENTITY_PAYLOAD_KEYS",
+    "append_locked",
+    "create_run_locked",
+    "lock_head",
+    "row_to_event",
+]
 
 
 def _utcnow() -> datetime:
@@ -52,6 +58,34 @@ def row_to_event(row: sa.Row) -> Event:
         epoch=row.epoch,
         idempotency_key=row.idempotency_key,
     )
+
+
+# Payload fields that say *which* event a key names. A retry must repeat them exactly; the
+# others describe what the caller observed (engine_ids, reason, config) and may differ between
+# attempts without making the retry a different event.
+IDENTITY_PAYLOAD_KEYS = ("train_step", "transport", "adapter", "checksum", "version")
+
+
+def _differences(
+    stored: Event,
+    kind: EventKind,
+    cell_id: str | None,
+    epoch: int | None,
+    payload: dict[str, Any],
+) -> list[str]:
+    """How a retry with the same idempotency key differs from the event the key names."""
+    pairs: list[tuple[str, Any, Any]] = [
+        ("kind", stored.kind, kind.value),
+        ("cell", stored.cell_id, cell_id),
+    ]
+    if epoch is not None:  # a promotion's epoch is assigned by the ledger, not the caller
+        pairs.append(("epoch", stored.epoch, epoch))
+    pairs.extend(
+        (key, stored.payload.get(key), payload.get(key))
+        for key in IDENTITY_PAYLOAD_KEYS
+        if key in stored.payload or key in payload
+    )
+    return [f"{name} {was!r} != {now!r}" for name, was, now in pairs if was != now]
 
 
 def lock_head(conn: sa.Connection, run_id: str) -> Head | None:
@@ -117,10 +151,12 @@ def append_locked(
 ) -> Event:
     """Append one event at ``head.seq + 1``; the caller holds ``head`` locked (:func:`lock_head`).
 
-    Returns the stored event, or the event the idempotency key already names (nothing written).
+    Returns the stored event, or the event the idempotency key already names when this call
+    repeats it (same kind, cell, epoch and identity fields; nothing written).
 
     Raises:
-        IdempotencyConflictError: the key names an event of another kind or cell.
+        IdempotencyConflictError: the key names an event with other parameters (kind, cell,
+            epoch, train step, transport, adapter, checksum, version); nothing written.
         FencedError: a publisher kind from a cell/epoch that is not the newest promotion.
         LedgerError: a promotion or cell state without a cell, a promotion with a wrong
             epoch, or engines stamped ahead of the head.
@@ -133,10 +169,12 @@ def append_locked(
     ).first()
     if existing is not None:
         stored = row_to_event(existing)
-        if stored.kind != kind.value or stored.cell_id != cell_id:
+        differences = _differences(stored, kind, cell_id, epoch, payload)
+        if differences:
             raise IdempotencyConflictError(
                 f"run {run_id!r}: idempotency key {idempotency_key!r} already names "
-                f"{stored.kind} at seq {stored.seq}"
+                f"{stored.kind} at seq {stored.seq} with other parameters: "
+                + "; ".join(differences)
             )
         return stored
 

@@ -18,30 +18,35 @@ Three kinds of transaction:
 
 from __future__ import annotations
 
+import logging
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
 from ledger.errors import LedgerError, LedgerUnavailableError
-from ledger.migrate import current_revision
+from ledger.redact import redact_text, redact_url
 
 __all__ = [
     "SQLITE_BUSY_TIMEOUT_MS",
     "TransactionKind",
     "create_engine",
     "normalise_url",
-    "schema_revision_at",
+    "run_with_retries",
     "transaction",
     "translate",
 ]
 
+log = logging.getLogger("ledger.store")
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+_T = TypeVar("_T")
 
 TransactionKind = Literal["read", "write", "snapshot"]
 
@@ -58,13 +63,14 @@ def normalise_url(url: str) -> sa.URL:
         parsed = sa.make_url(url)
     except sa.exc.ArgumentError:
         raise LedgerError(
-            f"not a database URL: {url!r} (use sqlite:///PATH or postgresql+psycopg://...)"
+            f"not a database URL: {redact_text(url)!r} (use sqlite:///PATH or "
+            "postgresql+psycopg://...)"
         ) from None
     backend = parsed.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
         raise LedgerError(
-            f"unsupported database {backend!r} in {url!r}: use sqlite:///PATH or "
-            "postgresql+psycopg://USER@HOST/DB"
+            f"unsupported database {backend!r} in {redact_url(parsed)!r}: use sqlite:///PATH "
+            "or postgresql+psycopg://USER@HOST/DB"
         )
     if backend == "postgresql" and parsed.get_driver_name() in ("psycopg2", ""):
         parsed = parsed.set(drivername="postgresql+psycopg")
@@ -124,14 +130,16 @@ def _create_sqlite_engine(path: Path, readonly: bool) -> sa.Engine:
 
 
 def translate(exc: Exception) -> LedgerError:
-    """Map a driver error to the ledger's own; called only at a transaction's exit."""
+    """Map a driver error to the ledger's own; called only at a transaction's exit.
+
+    The message is the driver's first line, with any credential redacted (a driver may echo
+    its connection string).
+    """
+    lines = str(getattr(exc, "orig", exc)).strip().splitlines()
+    detail = redact_text(lines[0] if lines else type(exc).__name__)
     if isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
-        detail = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
         return LedgerUnavailableError(f"database unavailable: {detail}")
-    if isinstance(exc, sa.exc.DBAPIError):
-        detail = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-        return LedgerError(f"database error: {detail}")
-    return LedgerError(f"database error: {exc}")
+    return LedgerError(f"database error: {detail}")
 
 
 @contextmanager
@@ -159,20 +167,23 @@ def transaction(engine: sa.Engine, kind: TransactionKind = "read") -> Iterator[s
         raise translate(exc) from exc
 
 
-def schema_revision_at(url: str) -> str | None:
-    """The Alembic revision stamped in the database at ``url``; None if it has no ledger schema.
+def run_with_retries(
+    retry_seconds: float, operation: Callable[..., _T], *args: Any, **kwargs: Any
+) -> _T:
+    """Run ``operation`` (one whole transaction), retrying only :class:`LedgerUnavailableError`
+    with jittered exponential backoff for up to ``retry_seconds``; the last error is re-raised.
 
-    Reads only and never creates a file or a table. Unlike ``Ledger.open(url, readonly=True)``
-    it does not require the revision to be current, so it can answer for an old or unknown
-    schema (``ledger db current``).
-
-    Raises:
-        LedgerError: bad URL or unsupported backend; no SQLite file at the path.
-        LedgerUnavailableError: the database cannot be reached.
+    Safe only for an operation that is a read, or a write with an idempotency key.
     """
-    engine = create_engine(normalise_url(url), readonly=True)
-    try:
-        with transaction(engine) as conn:
-            return current_revision(conn)
-    finally:
-        engine.dispose()
+    retrying = Retrying(
+        retry=retry_if_exception_type(LedgerUnavailableError),
+        wait=wait_exponential_jitter(initial=0.05, max=2.0),
+        stop=stop_after_delay(retry_seconds),
+        reraise=True,
+        before_sleep=lambda state: log.warning(
+            "ledger %s failed (%s); retrying",
+            getattr(operation, "__name__", "operation").lstrip("_"),
+            state.outcome.exception() if state.outcome else None,
+        ),
+    )
+    return retrying(operation, *args, **kwargs)

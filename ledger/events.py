@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ledger.errors import LedgerError
+from ledger.redact import redact_secrets
 
 __all__ = [
     "GENESIS_HASH",
@@ -24,6 +25,7 @@ __all__ = [
     "Event",
     "EventKind",
     "Head",
+    "RunRecord",
     "event_hash",
     "validate_payload",
 ]
@@ -45,6 +47,7 @@ class EventKind(str, enum.Enum):
     WEIGHT_COMMITTED = "weight_committed"
     ENGINES_STAMPED = "engines_stamped"
     CHECKPOINT_SAVED = "checkpoint_saved"
+    BATCH_TRAINED = "batch_trained"
     DRILL_STARTED = "drill_started"
     FAULT_INJECTED = "fault_injected"
     DRILL_VERDICT = "drill_verdict"
@@ -129,6 +132,41 @@ class CheckpointSaved(_Payload):
     path: str
 
 
+class StalenessSummary(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Not bounded below: a negative staleness is recorded as it is and the audit reports it.
+    min: int
+    avg: float
+    max: int
+
+
+class PromptOutcomes(BaseModel):
+    """Which prompts this step settled, and the prompt stream's position after it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    trained: list[int]
+    dropped: dict[str, list[int]] = Field(default_factory=dict)
+    recycled: int = Field(default=0, ge=0)
+    next_index: int = Field(ge=0)
+
+
+class BatchTrained(_Payload):
+    """Provenance of one training step (driver-recorded; never per-sample rows)."""
+
+    train_step: int = Field(ge=1)
+    trainer_version: int = Field(ge=0)
+    produced_version: int | None = Field(default=None, ge=1)
+    cells: list[str]
+    groups: int = Field(ge=0)
+    samples: int = Field(ge=0)
+    sample_versions: dict[str, int]
+    token_version_span_max: int = Field(default=0, ge=0)
+    mixed_version_samples: int = Field(default=0, ge=0)
+    staleness: StalenessSummary
+    prompt_digest: str
+    prompts: PromptOutcomes
+
+
 class DrillEvent(_Payload):
     scenario: str
 
@@ -145,6 +183,7 @@ _PAYLOAD_MODELS: dict[EventKind, type[_Payload]] = {
     EventKind.WEIGHT_COMMITTED: WeightCommitted,
     EventKind.ENGINES_STAMPED: EnginesStamped,
     EventKind.CHECKPOINT_SAVED: CheckpointSaved,
+    EventKind.BATCH_TRAINED: BatchTrained,
     EventKind.DRILL_STARTED: DrillEvent,
     EventKind.FAULT_INJECTED: DrillEvent,
     EventKind.DRILL_VERDICT: DrillEvent,
@@ -173,8 +212,9 @@ def validate_payload(kind: str | EventKind, payload: dict[str, Any]) -> tuple[Ev
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "payload"
         raise LedgerError(f"{event_kind.value}: {where}: {first['msg']}") from None
-    # Round-trip through JSON so what is hashed now is exactly what is read back later.
-    return event_kind, json.loads(json.dumps(model.model_dump(mode="json")))
+    # Round-trip through JSON so what is hashed now is exactly what is read back later; redact
+    # credentials first, as a hash-chained history can never be scrubbed afterwards.
+    return event_kind, json.loads(json.dumps(redact_secrets(model.model_dump(mode="json"))))
 
 
 @dataclass(frozen=True)
@@ -219,6 +259,34 @@ class Head:
     publisher_cell: str | None
     seq: int
     hash: str = field(default=GENESIS_HASH)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What the ``runs`` and ``run_heads`` tables hold for one run id (either may be missing:
+    a damaged ledger is still listed and audited, not hidden)."""
+
+    run_id: str
+    created_at: datetime | None  # None: no ``runs`` row
+    config: dict[str, Any] | None  # None: no ``runs`` row
+    head: Head | None  # None: no ``run_heads`` row
+    last_event_seq: int | None = None  # the newest event's seq (None: no events)
+
+    @property
+    def has_run_row(self) -> bool:
+        return self.created_at is not None
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """What is missing, in words (empty for a healthy run)."""
+        missing = []
+        if not self.has_run_row:
+            missing.append("no runs row")
+        if self.head is None:
+            missing.append("no head row")
+        if self.last_event_seq is None:
+            missing.append("no events")
+        return tuple(missing)
 
 
 def canonical_json(value: Any) -> str:

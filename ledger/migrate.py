@@ -1,4 +1,8 @@
-"""Alembic through our own environment: build the config in code, upgrade, read revisions."""
+"""Alembic through our own environment: revisions, and creating or upgrading a ledger's schema.
+
+A writer creates the schema (or upgrades an old one) under the write lock, so several processes
+may open a fresh database at once; a reader only checks that the schema is there and current.
+"""
 
 from __future__ import annotations
 
@@ -10,15 +14,27 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-__all__ = ["alembic_config", "current_revision", "head_revision", "upgrade"]
+from ledger.connection import create_engine, normalise_url, transaction
+from ledger.errors import LedgerError, SchemaError
+from ledger.redact import redact_url
+
+__all__ = [
+    "alembic_config",
+    "current_revision",
+    "ensure_schema",
+    "head_revision",
+    "schema_revision_at",
+    "upgrade",
+    "upgrade_schema",
+]
+
+_PG_MIGRATION_LOCK = 0x6C6564676572  # "ledger": serialises concurrent schema upgrades
 
 
-def alembic_config(connection: sa.Connection | None = None, url: str | None = None) -> Config:
+def alembic_config(connection: sa.Connection | None = None) -> Config:
     """An Alembic ``Config`` pointing at the packaged ``migrations`` directory."""
     config = Config()
     config.set_main_option("script_location", str(resources.files("migrations")))
-    if url is not None:
-        config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     if connection is not None:
         config.attributes["connection"] = connection
     return config
@@ -39,3 +55,68 @@ def current_revision(connection: sa.Connection) -> str | None:
 def upgrade(connection: sa.Connection, revision: str = "head") -> None:
     """Upgrade the schema inside the caller's transaction (which holds the write lock)."""
     command.upgrade(alembic_config(connection), revision)
+
+
+def upgrade_schema(engine: sa.Engine, url: sa.URL, revision: str = "head") -> str:
+    """Upgrade the schema at ``engine`` to ``revision`` in one write transaction; return the
+    revision now stamped. On PostgreSQL an advisory lock serialises concurrent upgraders.
+
+    Raises:
+        SchemaError: the database is stamped with a revision this code does not know, or a
+            revision refused the data it found (nothing changed).
+        LedgerUnavailableError: the database could not be reached.
+    """
+    try:
+        with transaction(engine, "write") as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_MIGRATION_LOCK)))
+            upgrade(conn, revision)
+            return current_revision(conn) or ""
+    except LedgerError:
+        raise
+    except Exception as exc:  # alembic: "Can't locate revision ..."
+        if "revision" in str(exc):
+            raise SchemaError(f"{redact_url(url)}: {exc}") from exc
+        raise
+
+
+def ensure_schema(engine: sa.Engine, url: sa.URL, *, readonly: bool) -> None:
+    """A reader checks the schema is current; a writer creates or upgrades it.
+
+    Raises:
+        SchemaError: a reader found no schema or an old one; a writer found a newer one.
+    """
+    newest = head_revision()
+    with transaction(engine) as conn:
+        current = current_revision(conn)
+    if current == newest:
+        return
+    if readonly:
+        if current is None:
+            raise SchemaError(
+                f"{redact_url(url)} has no ledger schema (create it with `ledger db upgrade`)"
+            )
+        raise SchemaError(
+            f"{redact_url(url)} has schema revision {current}, this code needs {newest} "
+            "(run `ledger db upgrade`)"
+        )
+    upgrade_schema(engine, url)
+
+
+def schema_revision_at(url: str) -> str | None:
+    """The Alembic revision stamped in the database at ``url``; None if it has no ledger schema.
+
+    Reads only and never creates a file or a table. Unlike ``Ledger.open(url, readonly=True)``
+    it does not require the revision to be current, so it can answer for an old or unknown
+    schema (``ledger db current``).
+
+    Raises:
+        LedgerError: bad URL or unsupported backend; no SQLite file at the path.
+        LedgerUnavailableError: the database cannot be reached.
+    """
+    engine = create_engine(normalise_url(url), readonly=True)
+    try:
+        with transaction(engine) as conn:
+            return current_revision(conn)
+    finally:
+        engine.dispose()

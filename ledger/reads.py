@@ -7,6 +7,7 @@ transaction open across many calls so that they all see the same state.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import sqlalchemy as sa
 
 from ledger.append import row_to_event
 from ledger.errors import LedgerError, UnknownRunError
-from ledger.events import Event, Head
+from ledger.events import Event, Head, RunRecord
 from ledger.migrate import current_revision
 from ledger.schema import ledger_events, run_heads, runs
 
@@ -28,14 +29,37 @@ READ_PAGE = 1_000
 
 @dataclass(frozen=True)
 class RunSummary:
-    """A run as listed by :meth:`Ledger.runs`."""
+    """A run as listed by :meth:`Ledger.runs`.
+
+    A damaged run is listed too, never hidden: ``problems`` says what is missing (``no runs
+    row``, ``no head row``, ``no events``); without a head row the head fields are None and
+    ``last_seq`` is the newest event's seq.
+    """
 
     run_id: str
-    created_at: datetime
-    head_version: int
-    epoch: int
+    created_at: datetime | None
+    head_version: int | None
+    epoch: int | None
     publisher_cell: str | None
     last_seq: int
+    problems: tuple[str, ...] = ()
+
+    @property
+    def broken(self) -> bool:
+        return bool(self.problems)
+
+    @classmethod
+    def of(cls, record: RunRecord) -> RunSummary:
+        head = record.head
+        return cls(
+            run_id=record.run_id,
+            created_at=record.created_at,
+            head_version=None if head is None else head.version,
+            epoch=None if head is None else head.epoch,
+            publisher_cell=None if head is None else head.publisher_cell,
+            last_seq=head.seq if head is not None else (record.last_event_seq or 0),
+            problems=record.problems,
+        )
 
 
 @contextmanager
@@ -46,6 +70,22 @@ def _decoding(what: str) -> Iterator[None]:
     except (ValueError, TypeError) as exc:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LedgerError(f"{what}: {detail}") from exc
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _record(
+    run_id: str, run_row: Any | None, head: Head | None, last_seq: int | None
+) -> RunRecord:
+    return RunRecord(
+        run_id=run_id,
+        created_at=None if run_row is None else run_row.created_at,
+        config=None if run_row is None else _json(run_row.config),
+        head=head,
+        last_event_seq=last_seq,
+    )
 
 
 def head_from_row(row: Any) -> Head:
@@ -61,9 +101,10 @@ class Reader:
 
     def head_row(self, run_id: str) -> sa.Row | None:
         """The run's ``run_heads`` row, or None."""
-        return self.conn.execute(
-            sa.select(run_heads).where(run_heads.c.run_id == run_id)
-        ).first()
+        with _decoding("corrupt head row in the ledger"):
+            return self.conn.execute(
+                sa.select(run_heads).where(run_heads.c.run_id == run_id)
+            ).first()
 
     def head(self, run_id: str) -> Head:
         """The run's head row.
@@ -121,25 +162,66 @@ class Reader:
         with _decoding(f"run {run_id!r}: corrupt event row at version {version}"):
             return None if row is None else row_to_event(row)
 
-    def runs(self) -> list[RunSummary]:
-        """Every run, oldest first."""
-        query = (
-            sa.select(runs.c.run_id, runs.c.created_at, run_heads)
-            .join(run_heads, run_heads.c.run_id == runs.c.run_id)
-            .order_by(runs.c.created_at, runs.c.run_id)
-        )
+    def records(self) -> list[RunRecord]:
+        """Every run id that any table holds (runs, head rows, events), with what each table
+        holds for it, by run id: a run that lost a row, or events whose run is gone, are
+        still seen. Three queries, one per table.
+
+        Raises:
+            LedgerError: a row that cannot be decoded.
+        """
         with _decoding("corrupt row in the ledger"):
+            run_rows = {row.run_id: row for row in self.conn.execute(sa.select(runs))}
+            heads = {
+                row.run_id: head_from_row(row) for row in self.conn.execute(sa.select(run_heads))
+            }
+            last_seqs = dict(
+                self.conn.execute(
+                    sa.select(ledger_events.c.run_id, sa.func.max(ledger_events.c.seq))
+                    .group_by(ledger_events.c.run_id)
+                ).all()
+            )
             return [
-                RunSummary(
-                    run_id=row.run_id,
-                    created_at=row.created_at,
-                    head_version=row.head_version,
-                    epoch=row.epoch,
-                    publisher_cell=row.publisher_cell,
-                    last_seq=row.last_seq,
-                )
-                for row in self.conn.execute(query)
+                _record(run_id, run_rows.get(run_id), heads.get(run_id), last_seqs.get(run_id))
+                for run_id in sorted(run_rows.keys() | heads.keys() | last_seqs.keys())
             ]
+
+    def run_record(self, run_id: str) -> RunRecord | None:
+        """What the three tables hold for ``run_id`` (None: none of them knows it).
+
+        Raises:
+            LedgerError: a row that cannot be decoded.
+        """
+        with _decoding("corrupt row in the ledger"):
+            run_row = self.conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).first()
+            head_row = self.head_row(run_id)
+            last_seq = self.conn.execute(
+                sa.select(sa.func.max(ledger_events.c.seq)).where(
+                    ledger_events.c.run_id == run_id
+                )
+            ).scalar()
+            if run_row is None and head_row is None and last_seq is None:
+                return None
+            head = None if head_row is None else head_from_row(head_row)
+            return _record(run_id, run_row, head, last_seq)
+
+    def runs(self) -> list[RunSummary]:
+        """Every run, oldest first; damaged runs included (see :class:`RunSummary`), those
+        without a ``runs`` row last."""
+        summaries = [RunSummary.of(record) for record in self.records()]
+        return sorted(
+            summaries,
+            key=lambda s: (s.created_at is None, s.created_at or datetime.min, s.run_id),
+        )
+
+    def newest_run_id(self) -> str | None:
+        """The run id of the newest ``runs`` row (one indexed query), or None."""
+        with _decoding("corrupt row in the ledger"):
+            return self.conn.execute(
+                sa.select(runs.c.run_id)
+                .order_by(runs.c.created_at.desc(), runs.c.run_id.desc())
+                .limit(1)
+            ).scalar()
 
     def schema_revision(self) -> str | None:
         """The Alembic revision stamped in the database."""

@@ -144,6 +144,11 @@ class RunLayout:
         """The rollout manager's saved prompt state after ``train_step`` steps."""
         return self.checkpoint_dir / f"rollout-step-{train_step:06d}.json"
 
+    @property
+    def manager_state_from_ledger_path(self) -> Path:
+        """The rollout manager's state rebuilt from the ledger (resume, replacement)."""
+        return self.checkpoint_dir / "rollout-from-ledger.json"
+
     def manager_states(self) -> list[tuple[int, Path]]:
         """Saved rollout-manager states as ``(train_step, path)``, oldest first."""
         found = []

@@ -1,7 +1,7 @@
 """The ledger's tables. Alembic migrations create them; this metadata is what they must equal.
 
 ``seq`` and ``version`` are plain integers assigned under the head-row lock (see
-``store.Ledger._append_locked``), never sequences or autoincrement: those leave gaps on rollback
+``ledger.append.lock_head``), never sequences or autoincrement: those leave gaps on rollback
 and can become visible out of commit order.
 """
 
@@ -32,7 +32,9 @@ ledger_events = sa.Table(
     sa.Column("version", sa.BigInteger(), nullable=True),
     sa.Column("cell_id", sa.String(128), nullable=True),
     sa.Column("epoch", sa.BigInteger(), nullable=True),
-    sa.Column("idempotency_key", sa.String(256), nullable=True),
+    # NOT NULL since revision 0002: a NULL never collides in the unique constraint below, so a
+    # keyless event could be written twice by a retry.
+    sa.Column("idempotency_key", sa.String(256), nullable=False),
     sa.Column("payload", sa.JSON(), nullable=False),
     sa.Column("prev_hash", sa.String(64), nullable=False),
     sa.Column("hash", sa.String(64), nullable=False),

@@ -10,33 +10,25 @@ in :mod:`ledger.connection`; the read queries in :mod:`ledger.reads`; the audit 
 from __future__ import annotations
 
 import json
-import logging
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from tenacity import (
-    RetryError,
-    Retrying,
-    retry_if_exception_type,
-    stop_after_delay,
-    wait_exponential_jitter,
-)
 
 from ledger import audit, migrate
 from ledger.append import append_locked, create_run_locked, lock_head
-from ledger.connection import create_engine, normalise_url, transaction
-from ledger.errors import LedgerError, LedgerUnavailableError, SchemaError, UnknownRunError
+from ledger.connection import create_engine, normalise_url, run_with_retries, transaction
+from ledger.errors import LedgerError, UnknownRunError
 from ledger.events import Event, EventKind, Head, validate_payload
 from ledger.reads import READ_PAGE, Reader, RunSummary
+from ledger.redact import redact_secrets, redact_url
+from ledger.report import AuditReport, Problem
+from ledger.witness import Witness, check_witnesses
 
 __all__ = ["Ledger", "RunSummary"]
 
-log = logging.getLogger(__name__)
-
-_PG_MIGRATION_LOCK = 0x6C6564676572  # "ledger": serialises concurrent schema upgrades
 _T = TypeVar("_T")
 
 
@@ -83,7 +75,7 @@ class Ledger:
         engine = create_engine(parsed, readonly)
         ledger = cls(engine, parsed, readonly=readonly, retry_seconds=retry_seconds)
         try:
-            ledger._prepare_schema()
+            migrate.ensure_schema(engine, parsed, readonly=readonly)
         except BaseException:
             engine.dispose()
             raise
@@ -106,29 +98,13 @@ class Ledger:
 
     @property
     def url(self) -> str:
-        """The database URL, password hidden."""
-        return self._url.render_as_string(hide_password=True)
+        """The database URL with its password (if any) replaced by ``***``: safe to print."""
+        return redact_url(self._url)
 
     def schema_revision(self) -> str | None:
         """The Alembic revision stamped in the database."""
         with transaction(self._engine) as conn:
             return migrate.current_revision(conn)
-
-    def _prepare_schema(self) -> None:
-        head = migrate.head_revision()
-        current = self.schema_revision()
-        if current == head:
-            return
-        if self.readonly:
-            if current is None:
-                raise SchemaError(
-                    f"{self.url} has no ledger schema (create it with `ledger db upgrade`)"
-                )
-            raise SchemaError(
-                f"{self.url} has schema revision {current}, this code needs {head} "
-                "(run `ledger db upgrade`)"
-            )
-        self.upgrade_schema()
 
     def upgrade_schema(self) -> str:
         """Upgrade the schema to the newest revision under the write lock; return it.
@@ -138,18 +114,7 @@ class Ledger:
         """
         if self.readonly:
             raise LedgerError("a read-only ledger cannot upgrade its schema")
-        try:
-            with self._write() as conn:
-                if self.backend == "postgresql":
-                    conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_MIGRATION_LOCK)))
-                migrate.upgrade(conn)
-        except LedgerError:
-            raise
-        except Exception as exc:  # alembic: "Can't locate revision ..."
-            if "revision" in str(exc):
-                raise SchemaError(f"{self.url}: {exc}") from exc
-            raise
-        return migrate.head_revision()
+        return migrate.upgrade_schema(self._engine, self._url)
 
     # ------------------------------------------------------------------ transactions
 
@@ -159,23 +124,7 @@ class Ledger:
         return transaction(self._engine, "write")
 
     def _with_retries(self, operation: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """Run one transaction (a write or a read), retrying only
-        :class:`LedgerUnavailableError` with backoff for ``retry_seconds``."""
-        retrying = Retrying(
-            retry=retry_if_exception_type(LedgerUnavailableError),
-            wait=wait_exponential_jitter(initial=0.05, max=2.0),
-            stop=stop_after_delay(self.retry_seconds),
-            reraise=True,
-            before_sleep=lambda state: log.warning(
-                "ledger %s failed (%s); retrying",
-                getattr(operation, "__name__", "operation").lstrip("_"),
-                state.outcome.exception(),
-            ),
-        )
-        try:
-            return retrying(operation, *args, **kwargs)
-        except RetryError as exc:  # pragma: no cover - reraise=True re-raises the last error
-            raise exc.last_attempt.exception() from exc
+        return run_with_retries(self.retry_seconds, operation, *args, **kwargs)
 
     @contextmanager
     def snapshot(self) -> Iterator[Reader]:
@@ -196,6 +145,8 @@ class Ledger:
 
         Starting a run that exists returns its ``run_started`` event and writes nothing, even if
         ``config`` differs (the first config is the run's). Concurrent starters see one winner.
+        Credentials in the config (a database URL's password) are redacted before anything is
+        stored: the config is hashed into the run's history, which can never be scrubbed.
 
         Raises:
             LedgerError: the config is not JSON-serialisable or the run id is empty.
@@ -204,7 +155,7 @@ class Ledger:
             raise LedgerError("run id must be a non-empty string")
         config = dict(config or {})
         try:
-            config = json.loads(json.dumps(config))
+            config = redact_secrets(json.loads(json.dumps(config)))
         except (TypeError, ValueError) as exc:
             raise LedgerError(f"run config is not JSON-serialisable: {exc}") from None
         return self._with_retries(self._start_run_once, run_id, config)
@@ -380,15 +331,43 @@ class Ledger:
         with transaction(self._engine) as conn:
             return Reader(conn).runs()
 
-    def verify(self, run_id: str | None = None) -> audit.AuditReport:
-        """Check every invariant the ledger can see (DESIGN section 4), for one run or all.
+    def verify(
+        self, run_id: str | None = None, *, witnesses: Iterable[Witness] = ()
+    ) -> AuditReport:
+        """Check every invariant the ledger can see (DESIGN section 4 and every table against
+        the others), for every run or only ``run_id``, in one snapshot; and check
+        ``witnesses`` (see :mod:`ledger.witness`) against it. Retried like a read.
 
         Raises:
-            UnknownRunError: ``run_id`` is not in the ledger.
+            UnknownRunError: ``run_id`` is in no table of the ledger.
+            LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
         """
-        return self._with_retries(self._verify_once, run_id)
+        witnesses = list(witnesses)
+        return self._with_retries(self._verify_once, run_id, witnesses)
 
-    def _verify_once(self, run_id: str | None) -> audit.AuditReport:
+    def _verify_once(self, run_id: str | None, witnesses: list[Witness]) -> AuditReport:
         with self.snapshot() as reader:
-            return audit.verify(reader, run_id)
+            return audit.verify(reader, run_id, witnesses)
 
+    def witness(self, run_id: str) -> Witness:
+        """The run's head as seen now, to record beside a checkpoint or in a metrics line.
+
+        Raises:
+            UnknownRunError: the run has no head row.
+            LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
+        """
+        return Witness.of_head(run_id, self.head(run_id))
+
+    def check_witnesses(self, witnesses: Iterable[Witness]) -> list[Problem]:
+        """Problems of ``witnesses`` against this ledger (one snapshot): a ledger behind what
+        a witness saw, or diverging from it. Empty: every witness holds. Reads only.
+
+        Raises:
+            LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
+        """
+        witnesses = list(witnesses)
+        return self._with_retries(self._check_witnesses_once, witnesses)
+
+    def _check_witnesses_once(self, witnesses: list[Witness]) -> list[Problem]:
+        with self.snapshot() as reader:
+            return check_witnesses(reader, witnesses)

@@ -11,10 +11,15 @@ Thin by design: each subcommand parses its options, calls one function of
        an unreachable server; or a usage error (typer/click)
 
 Global options (before or after the subcommand): ``--db URL`` (or ``LEDGER_DB``; a bare path
-means a SQLite file; with neither, ``--run RUN`` means ``runs/<RUN>/ledger.db``) and
-``--run RUN`` (default: the only or newest run). ``-o table|json`` everywhere (``jsonl`` too
-for ``log``; ``export`` takes ``jsonl|csv``; ``plot`` uses ``-o`` for its PNG file and
-``--format`` for its summary).
+means a SQLite file; with neither, ``--run RUN`` means ``runs/<RUN>/ledger.db``, and
+``verify --witness RUN_DIR`` the ledger in that directory) and ``--run RUN`` (default: the
+only or newest run; ``verify`` checks every run unless given one).
+
+``-o table|json`` everywhere (``jsonl`` too for ``log``; ``export`` takes ``jsonl|csv``;
+``plot`` uses ``-o`` for its PNG file and ``--format`` for its summary).
+
+A URL never needs a password: libpq reads ``PGPASSWORD`` or ``~/.pgpass``. Every URL this
+command prints, in answers and in errors, has its password replaced by ``***``.
 """
 
 from __future__ import annotations
@@ -28,8 +33,12 @@ from typing import Annotated
 
 import typer
 
+from ledger.cli import db as db_query
 from ledger.cli import query, render
+from ledger.cli.args import database_url, ledger_beside
 from ledger.errors import LedgerError
+from ledger.redact import redact_text
+from ledger.run_layout import LEDGER_DB_ENV
 
 __all__ = ["app", "main"]
 
@@ -83,8 +92,9 @@ def _global(
     db: Annotated[
         str | None,
         typer.Option(
-            "--db", envvar="LEDGER_DB", show_envvar=True,
-            help="sqlite:///PATH, postgresql+psycopg://..., or a SQLite file path.",
+            "--db", envvar=LEDGER_DB_ENV, show_envvar=True,
+            help="sqlite:///PATH, postgresql+psycopg://USER@HOST/DB (password from PGPASSWORD "
+            "or ~/.pgpass), or a SQLite file path.",
         ),
     ] = None,
     run: RunOption = None,
@@ -92,11 +102,17 @@ def _global(
     ctx.obj = {"db": db, "run": run}
 
 
-def _target(ctx: typer.Context, db: str | None, run: str | None) -> tuple[str, str | None]:
-    """The database URL and run id: the subcommand's options win over the global ones."""
+def _target(
+    ctx: typer.Context, db: str | None, run: str | None, near: list[str] | None = None
+) -> tuple[str, str | None]:
+    """The database URL and run id: the subcommand's options win over the global ones; with
+    neither a database nor a run, the ledger in a run directory among ``near`` (witnesses)."""
     parent = ctx.find_root().obj or {}
     run_id = run if run is not None else parent.get("run")
-    return query.database_url(db if db is not None else parent.get("db"), run_id), run_id
+    db = db if db is not None else parent.get("db")
+    if db is None and run_id is None:
+        db = next((found for path in near or () if (found := ledger_beside(path))), None)
+    return database_url(db, run_id), run_id
 
 
 @contextmanager
@@ -105,14 +121,15 @@ def _errors() -> Iterator[None]:
     try:
         yield
     except LedgerError as exc:
-        message = " ".join(str(exc).split()) or type(exc).__name__
+        message = redact_text(" ".join(str(exc).split())) or type(exc).__name__
         typer.echo(f"ledger: error: {message}", err=True)
         raise typer.Exit(EXIT_ERROR) from None
 
 
 @app.command()
 def runs(ctx: typer.Context, db: DbOption = None, output: OutputOption = Output.table) -> None:
-    """Runs with created time, head version, events, publisher cell and epoch."""
+    """Runs with created time, head version, events, publisher cell, epoch and state (a run
+    that lost a row is listed as broken, never hidden)."""
     with _errors():
         answer = query.runs(_target(ctx, db, None)[0])
     render.print_runs(answer, output.value, sys.stdout)
@@ -184,15 +201,30 @@ def show(
 @app.command()
 def verify(
     ctx: typer.Context,
-    all_runs: Annotated[bool, typer.Option("--all-runs", help="Audit every run.")] = False,
+    witness: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--witness", metavar="PATH",
+            help="Also check what a run's files saw of the ledger: a run directory, a "
+            "checkpoint, a witness file or a metrics file (repeatable). Exit 1 if the ledger "
+            "is behind or diverges from any of them.",
+        ),
+    ] = None,
+    all_runs: Annotated[
+        bool, typer.Option("--all-runs", hidden=True, help="Every run (the default).")
+    ] = False,
     db: DbOption = None,
-    run: RunOption = None,
+    run: Annotated[
+        str | None, typer.Option("--run", help="Only this run (default: every run).")
+    ] = None,
     output: OutputOption = Output.table,
 ) -> None:
-    """Check every ledger invariant; exit 1 if any is broken."""
+    """Check every ledger invariant of every run; exit 1 if any is broken."""
     with _errors():
-        url, run_id = _target(ctx, db, run)
-        answer = query.verify(url, run_id, all_runs=all_runs)
+        url, run_id = _target(ctx, db, run, witness)
+        if all_runs and run_id is not None:
+            raise query.QueryError("verify: give --run RUN or --all-runs, not both")
+        answer = query.verify(url, run_id, witness)
     render.print_verify(answer, output.value, sys.stdout)
     if not answer["ok"]:
         raise typer.Exit(EXIT_PROBLEMS)
@@ -263,7 +295,7 @@ def db_current(
 ) -> None:
     """The schema revision stamped in the database (like `alembic current`)."""
     with _errors():
-        answer = query.db_current(_target(ctx, db, None)[0])
+        answer = db_query.db_current(_target(ctx, db, None)[0])
     render.print_db_current(answer, output.value, sys.stdout)
 
 
@@ -273,7 +305,7 @@ def db_upgrade(
 ) -> None:
     """Create the database or upgrade its schema to head (the only command that writes)."""
     with _errors():
-        answer = query.db_upgrade(_target(ctx, db, None)[0])
+        answer = db_query.db_upgrade(_target(ctx, db, None)[0])
     render.print_db_upgrade(answer, output.value, sys.stdout)
 
 

@@ -9,15 +9,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 from ledger.errors import LedgerError
 from ledger.events import EventKind
-from ledger.run_layout import DEFAULT_RUNS_DIR, default_ledger_url
+from ledger.run_layout import CHECKPOINT_DIR, DEFAULT_RUNS_DIR, LEDGER_FILE, default_ledger_url
 
 __all__ = [
     "QueryError",
     "SeqRange",
     "database_url",
+    "ledger_beside",
     "parse_kinds",
     "parse_range",
     "parse_time",
@@ -43,6 +45,20 @@ def database_url(db: str | None, run_id: str | None = None) -> str:
     if ":" not in db:
         return f"sqlite:///{db}"
     return db
+
+
+def ledger_beside(path: str) -> str | None:
+    """The embedded ledger of the run directory that ``path`` is, or is in (a checkpoint,
+    the checkpoints directory, a metrics or witness file), if it has one."""
+    start = Path(path)
+    folder = start if start.is_dir() else start.parent
+    candidates = [folder]
+    if folder.name == CHECKPOINT_DIR:
+        candidates.append(folder.parent)
+    for candidate in candidates:
+        if (candidate / LEDGER_FILE).is_file():
+            return default_ledger_url(candidate)
+    return None
 
 
 @dataclass(frozen=True)

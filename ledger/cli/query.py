@@ -8,9 +8,10 @@ cannot disagree. Every answer carries a ``header``, as etcd's responses do:
 - for one run: the run's head row (``run_id``, ``seq``, ``version``, ``epoch``,
   ``publisher_cell``, ``head_hash``). Reads of events stop at the header's ``seq`` and come
   from the same snapshot, so an answer is consistent even while a trainer appends;
-- for the whole database (``runs``, ``verify --all-runs``): ``backend``, ``schema_revision``
-  and the number of runs;
-- for ``db current``/``db upgrade``: the URL, backend, and the stamped and newest revisions.
+- for the whole database (``runs``, ``verify``): ``backend``, ``schema_revision`` and the
+  number of runs;
+- for ``db current``/``db upgrade`` (:mod:`ledger.cli.db`): the URL, backend, and the
+  stamped and newest revisions.
 
 Argument errors (:mod:`ledger.cli.args`) raise :class:`QueryError`, a
 :class:`~ledger.errors.LedgerError`, so the command maps every user error to one line and exit
@@ -31,21 +32,19 @@ import sqlalchemy as sa
 
 from ledger import audit
 from ledger.cli.args import QueryError, database_url, parse_kinds, parse_range, parse_time
-from ledger.connection import schema_revision_at
-from ledger.errors import LedgerError, LedgerUnavailableError, UnknownRunError
+from ledger.errors import UnknownRunError
 from ledger.events import Event, Head
 from ledger.migrate import head_revision
 from ledger.projections import RunState, fold
 from ledger.reads import Reader
 from ledger.store import Ledger
+from ledger.witness import read_witnesses
 
 __all__ = [
     "LogAnswer",
     "QueryError",
     "cells",
     "database_url",
-    "db_current",
-    "db_upgrade",
     "lag",
     "log",
     "replay",
@@ -69,15 +68,23 @@ def _snapshot(url: str) -> Iterator[tuple[Ledger, Reader]]:
 
 
 def _select_run(ledger: Ledger, reader: Reader, run_id: str | None) -> tuple[str, Head]:
-    """The run asked for, else the only or newest run; with its head row."""
+    """The run asked for, else the only or newest run; with its head row.
+
+    Raises:
+        QueryError: no runs; an unknown run; a run without a head row (damaged).
+    """
     if run_id is None:
-        summaries = reader.runs()
-        if not summaries:
+        run_id = reader.newest_run_id()
+        if run_id is None:
             raise QueryError(f"{ledger.url} has no runs yet")
-        run_id = summaries[-1].run_id
     try:
         return run_id, reader.head(run_id)
     except UnknownRunError:
+        if reader.run_record(run_id) is not None:
+            raise QueryError(
+                f"run {run_id!r} is broken: it has no head row (see `ledger verify --run "
+                f"{run_id}`)"
+            ) from None
         known = [summary.run_id for summary in reader.runs()]
         listed = ", ".join(known[-5:]) if known else "none"
         raise QueryError(f"unknown run {run_id!r} (runs: {listed})") from None
@@ -119,11 +126,12 @@ def replay(url: str, run_id: str | None) -> tuple[dict[str, Any], RunState]:
 
 
 def runs(url: str) -> dict[str, Any]:
-    """Every run, oldest first, with its head; the header names the default (newest) run."""
+    """Every run, oldest first, with its head; damaged runs too, marked ``broken`` with what
+    they lack. The header names the default (newest) run."""
     with _snapshot(url) as (ledger, reader):
         summaries = reader.runs()
         header = _database_header(ledger, reader, len(summaries))
-    header["default_run"] = summaries[-1].run_id if summaries else None
+        header["default_run"] = reader.newest_run_id()
     return {
         "header": header,
         "runs": [
@@ -134,6 +142,8 @@ def runs(url: str) -> dict[str, Any]:
                 "events": summary.last_seq,
                 "publisher_cell": summary.publisher_cell,
                 "epoch": summary.epoch,
+                "state": "broken" if summary.broken else "ok",
+                "problems": list(summary.problems),
             }
             for summary in summaries
         ],
@@ -245,23 +255,29 @@ def show(
         return {"header": run_header(run_id, head), "event": event.to_dict()}
 
 
-def verify(url: str, run_id: str | None, all_runs: bool = False) -> dict[str, Any]:
-    """Audit one run (or every run): problems break section-4 invariants, notes do not."""
-    if all_runs and run_id is not None:
-        raise QueryError("verify: give --run RUN or --all-runs, not both")
+def verify(url: str, run_id: str | None, witnesses: list[str] | None = None) -> dict[str, Any]:
+    """Audit every run (or only ``run_id``) in one snapshot, and check the witnesses found at
+    each of ``witnesses`` (run directories, checkpoints, witness or metrics files): problems
+    break invariants, notes do not.
+
+    Raises:
+        QueryError: an unknown run.
+        LedgerError: a witness path with no witness, or a malformed one.
+    """
+    found = [witness for path in witnesses or () for witness in read_witnesses(path)]
     with _snapshot(url) as (ledger, reader):
-        if all_runs:
-            report = audit.verify(reader, None)
-            header = _database_header(ledger, reader, len(report.run_ids))
-        else:
-            run_id, head = _select_run(ledger, reader, run_id)
-            report = audit.verify(reader, run_id)
-            header = run_header(run_id, head)
+        try:
+            report = audit.verify(reader, run_id, found)
+        except UnknownRunError:
+            _select_run(ledger, reader, run_id)  # raises the listing error
+            raise
+        header = _database_header(ledger, reader, len(report.run_ids))
     return {
         "header": header,
         "ok": report.ok,
         "runs": list(report.run_ids),
         "events_checked": report.events_checked,
+        "witnesses_checked": report.witnesses_checked,
         "problems": [
             {
                 "run_id": problem.run_id,
@@ -317,53 +333,6 @@ def lag(url: str, run_id: str | None) -> dict[str, Any]:
         ],
         "unstamped_versions": state.unstamped_versions,
     }
-
-
-def _revision_state(current: str | None, newest: str) -> str:
-    if current is None:
-        return "missing"
-    return "current" if current == newest else "not current"
-
-
-def db_current(url: str) -> dict[str, Any]:
-    """The schema revision stamped in the database, next to the newest this code knows."""
-    current = schema_revision_at(url)
-    newest = head_revision()
-    parsed = sa.make_url(url)
-    return {
-        "header": {
-            "url": parsed.render_as_string(hide_password=True),
-            "backend": parsed.get_backend_name(),
-            "schema_revision": current,
-            "schema_head": newest,
-        },
-        "revision": current,
-        "head": newest,
-        "state": _revision_state(current, newest),
-    }
-
-
-def db_upgrade(url: str) -> dict[str, Any]:
-    """Create the database or upgrade its schema to the newest revision (the one writer here)."""
-    try:
-        before = schema_revision_at(url)
-    except LedgerUnavailableError:
-        raise
-    except LedgerError:
-        before = None  # no file yet: the writer below creates it (or re-raises a bad URL)
-    with Ledger.open(url) as ledger:
-        after = ledger.schema_revision()
-        return {
-            "header": {
-                "url": ledger.url,
-                "backend": ledger.backend,
-                "schema_revision": after,
-                "schema_head": head_revision(),
-            },
-            "from": before,
-            "to": after,
-            "changed": before != after,
-        }
 
 
 def sqlite_path(url: str) -> Path | None:

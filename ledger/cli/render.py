@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ledger.events import Event, canonical_json
+from ledger.report import compact_ranges
 
 __all__ = [
     "EVENT_FIELDS",
@@ -222,11 +223,14 @@ def print_runs(answer: dict[str, Any], output: str, out: TextIO) -> None:
     if output == "json":
         print_json(answer, out)
         return
-    table = _table("RUN", "CREATED", "VERSION", "EVENTS", "PUBLISHER", "EPOCH")
+    table = _table("RUN", "CREATED", "VERSION", "EVENTS", "PUBLISHER", "EPOCH", "STATE")
     for run in answer["runs"]:
+        state = run["state"] if not run["problems"] else f"{run['state']}: " + ", ".join(
+            run["problems"]
+        )
         table.add_row(
             run["run_id"], _when(run["created_at"]), _text(run["version"]),
-            _text(run["events"]), _text(run["publisher_cell"]), _text(run["epoch"]),
+            _text(run["events"]), _text(run["publisher_cell"]), _text(run["epoch"]), state,
         )
     _print_table(out, table)
     if not answer["runs"]:
@@ -267,14 +271,17 @@ def print_verify(answer: dict[str, Any], output: str, out: TextIO) -> None:
             f"{problem['message']}\n"
         )
     for note in answer["notes"]:
-        versions = ", ".join(str(v) for v in note["versions"])
+        versions = compact_ranges(note["versions"])
         plural = "s" if len(note["versions"]) > 1 else ""
         out.write(
             f"note: run {note['run_id']}: version{plural} {versions} committed but not "
             "stamped on any engine (a publisher died between commit and stamp)\n"
         )
     runs = len(answer["runs"])
-    scope = f"{runs} run{'s' if runs != 1 else ''}, {answer['events_checked']} events checked"
+    scope = f"{runs} run{'s' if runs != 1 else ''}, {answer['events_checked']} events"
+    if answer.get("witnesses_checked"):
+        scope += f", {answer['witnesses_checked']} witnesses"
+    scope += " checked"
     if answer["ok"]:
         out.write(f"ok: {scope}, no problems\n")
     else:
@@ -313,7 +320,7 @@ def print_lag(answer: dict[str, Any], output: str, out: TextIO) -> None:
     if not answer["engines"]:
         out.write("no engines stamped yet\n")
     if answer["unstamped_versions"]:
-        versions = ", ".join(str(v) for v in answer["unstamped_versions"])
+        versions = compact_ranges(answer["unstamped_versions"])
         out.write(f"note: committed but never stamped: {versions}\n")
 
 

@@ -1,0 +1,184 @@
+"""The checks one run's events must pass as they stream past in seq order (DESIGN section 4).
+
+(1) gapless seq and an intact hash chain, (2) committed versions 1..k in seq order, (3) epochs
+that only grow and publisher events carrying the epoch current at their seq, (4) commits only
+after a promotion of their cell and never from a fenced epoch, (5) engines stamped only with
+committed versions, (6) the negative-staleness count a finished run reports. Beside these: a
+first event that is ``run_started``, known kinds, a non-null idempotency key that no other
+event of the run holds, no credential in any payload, and every witness at its seq.
+
+The checker folds each event into the read model (:class:`~ledger.projections.RunState`) after
+checking it, so the table checks in :mod:`ledger.audit` compare the head row with the replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ledger.events import GENESIS_HASH, PUBLISHER_KINDS, Event, EventKind, event_hash
+from ledger.projections import RunState
+from ledger.redact import contains_secret
+from ledger.report import Problem
+from ledger.witness import Witness, compare
+
+__all__ = ["EventChecker"]
+
+_KNOWN_KINDS = {kind.value for kind in EventKind}
+_PUBLISHER_KIND_VALUES = {kind.value for kind in PUBLISHER_KINDS}
+
+
+class EventChecker:
+    """Checks one run's events, in seq order, and folds them into :attr:`state`."""
+
+    def __init__(self, run_id: str, witnesses: Iterable[Witness] = ()) -> None:
+        self.run_id = run_id
+        self.state = RunState(run_id)
+        self.problems: list[Problem] = []
+        self.expected_seq = 1
+        self.prev_hash = GENESIS_HASH
+        self.promoted_cells: set[str] = set()
+        self.first_event: Event | None = None
+        self.key_seqs: dict[str, int] = {}
+        self.witnesses: dict[int, list[Witness]] = {}
+        for witness in witnesses:
+            self.witnesses.setdefault(witness.seq, []).append(witness)
+
+    def problem(self, seq: int, check: str, message: str) -> None:
+        self.problems.append(Problem(self.run_id, seq, check, message))
+
+    def check(self, event: Event) -> None:
+        """Check one event (the next in seq order), then fold it into :attr:`state`."""
+        if self.first_event is None:
+            self.first_event = event
+        self._check_chain(event)
+        self._check_key(event)
+        if contains_secret(event.payload):
+            self.problem(
+                event.seq, "credential",
+                f"{event.kind} payload holds a password (it cannot be scrubbed without "
+                "breaking the chain: rotate that password)",
+            )
+        if event.kind not in _KNOWN_KINDS:
+            self.problem(event.seq, "unknown_kind", f"unknown event kind {event.kind!r}")
+            self._check_witnesses(event)
+            return
+        if event.seq == 1 and event.kind != EventKind.RUN_STARTED:
+            self.problem(event.seq, EventKind.RUN_STARTED.value, f"first event is {event.kind}")
+        if event.kind == EventKind.CELL_PROMOTED:
+            self._check_promotion(event)
+        if event.kind in _PUBLISHER_KIND_VALUES:
+            self._check_publisher_event(event)
+        if event.kind == EventKind.WEIGHT_COMMITTED:
+            self._check_commit(event)
+        elif event.version is not None:
+            self.problem(event.seq, "version", f"{event.kind} carries version {event.version}")
+        if event.kind == EventKind.ENGINES_STAMPED:
+            self._check_stamp(event)
+        if event.kind == EventKind.RUN_FINISHED:
+            negative = event.payload.get("negative_staleness_total", 0)
+            if negative:
+                self.problem(
+                    event.seq, "negative_staleness", f"{negative} negative staleness values"
+                )
+        self.state.apply(event)
+        self._check_witnesses(event)
+
+    def finish(self) -> None:
+        """After the last event: witnesses past it saw a ledger that is not here any more."""
+        for seq in sorted(self.witnesses):
+            if seq > self.state.last_seq:
+                for witness in self.witnesses[seq]:
+                    self.problems.append(_behind(witness, self.state))
+        self.witnesses.clear()
+
+    def _check_chain(self, event: Event) -> None:
+        if event.seq != self.expected_seq:
+            self.problem(
+                event.seq, "seq_gap", f"expected seq {self.expected_seq}, found {event.seq}"
+            )
+        if event.prev_hash != self.prev_hash:
+            self.problem(event.seq, "hash_chain", "prev_hash does not match the previous event")
+        recomputed = event_hash(
+            prev_hash=event.prev_hash, run_id=event.run_id, seq=event.seq, kind=event.kind,
+            version=event.version, cell_id=event.cell_id, epoch=event.epoch,
+            idempotency_key=event.idempotency_key, payload=event.payload,
+            recorded_at=event.recorded_at,
+        )
+        if recomputed != event.hash:
+            self.problem(
+                event.seq, "hash_mismatch",
+                "stored hash does not match the event's contents (tampered or corrupt)",
+            )
+        self.expected_seq = event.seq + 1
+        self.prev_hash = event.hash
+
+    def _check_key(self, event: Event) -> None:
+        key = event.idempotency_key
+        if key is None:
+            self.problem(
+                event.seq, "null_idempotency_key",
+                f"{event.kind} has no idempotency key (a retry of it could be written twice)",
+            )
+        elif key in self.key_seqs:
+            self.problem(
+                event.seq, "duplicate_idempotency_key",
+                f"idempotency key {key!r} already names seq {self.key_seqs[key]}",
+            )
+        else:
+            self.key_seqs[key] = event.seq
+
+    def _check_promotion(self, event: Event) -> None:
+        expected = self.state.epoch + 1
+        if event.epoch != expected:
+            self.problem(
+                event.seq, "epoch_order",
+                f"promotion of cell {event.cell_id} to epoch {event.epoch}; expected {expected}",
+            )
+        if event.cell_id:
+            self.promoted_cells.add(event.cell_id)
+
+    def _check_publisher_event(self, event: Event) -> None:
+        if event.cell_id not in self.promoted_cells:
+            self.problem(
+                event.seq, "no_promotion",
+                f"{event.kind} from cell {event.cell_id} that was never promoted",
+            )
+        elif event.epoch != self.state.epoch or event.cell_id != self.state.publisher_cell:
+            self.problem(
+                event.seq, "fenced_write",
+                f"{event.kind} from cell {event.cell_id} epoch {event.epoch}; publisher is "
+                f"cell {self.state.publisher_cell} epoch {self.state.epoch}",
+            )
+
+    def _check_commit(self, event: Event) -> None:
+        expected = self.state.head_version + 1
+        if event.version != expected:
+            self.problem(
+                event.seq, "version_order",
+                f"committed version {event.version}; expected {expected}",
+            )
+
+    def _check_stamp(self, event: Event) -> None:
+        version = event.payload.get("version")
+        if version != 0 and version not in self.state.commits:
+            self.problem(
+                event.seq, "stamp_uncommitted",
+                f"engines stamped with version {version}, which is not committed",
+            )
+
+    def _check_witnesses(self, event: Event) -> None:
+        for witness in self.witnesses.pop(event.seq, ()):
+            problem = compare(witness, event, self.state.head_version)
+            if problem is not None:
+                self.problems.append(problem)
+
+
+def _behind(witness: Witness, state: RunState) -> Problem:
+    problem = compare(witness, None, None)
+    assert problem is not None
+    return Problem(
+        problem.run_id, problem.seq, problem.check,
+        f"{witness.describe()}, but the ledger's events end at seq {state.last_seq} (version "
+        f"{state.head_version}): it is older than what the run wrote (restored from a "
+        "backup?); resuming would reuse versions",
+    )
