@@ -89,6 +89,7 @@ def ray_cluster():
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # a private cluster, whatever `ray start` left on the machine
             num_cpus=RAY_TEST_CPUS,
             include_dashboard=False,
             log_to_driver=False,

@@ -19,6 +19,7 @@ import ray
 from ledger import Ledger
 from orchestrator.config import RunConfig
 from orchestrator.control.driver import JobOptions, TrainingJob, run_job
+from orchestrator.control.provenance import prompt_ledger
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -94,6 +95,7 @@ def test_resume_from_a_checkpoint_older_than_the_head_continues_at_head_plus_one
     with Ledger.open(first.ledger_url, readonly=True) as ledger:
         head_before = ledger.head("resumable")
         checkpoints = [e for e in ledger.events("resumable") if e.kind == "checkpoint_saved"]
+        prompts_before = prompt_ledger(ledger.events("resumable"))
     newest_checkpoint = checkpoints[-1].payload
     assert newest_checkpoint["version"] < head_before.version  # older than the head
 
@@ -109,6 +111,10 @@ def test_resume_from_a_checkpoint_older_than_the_head_continues_at_head_plus_one
         "checkpoint_step": newest_checkpoint["train_step"],
         "checkpoint_version": newest_checkpoint["version"],
         "head_version": head_before.version,
+        # The prompt stream continues where the ledger says the first job stopped.
+        "ledger_step": 8,
+        "next_prompt_index": prompts_before.next_index,
+        "prompts_carried_over": len(prompts_before.in_flight),
     }
     promotion = next(e for e in events if e.kind == "cell_promoted")
     assert promotion.payload["reason"] == "resume" and promotion.epoch == head_before.epoch + 1

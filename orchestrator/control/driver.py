@@ -28,12 +28,14 @@ from ledger.run_layout import (
     NEGATIVE_STALENESS_KEY,
     PROMPTS_UNACCOUNTED_KEY,
     RunLayout,
+    metric_key,
 )
 from orchestrator.config import RunConfig
 from orchestrator.control import launch
 from orchestrator.control.errors import StartupError
 from orchestrator.control.hooks import JobHooks
 from orchestrator.control.progress import RunProgress
+from orchestrator.control.provenance import ProvenanceRecorder, write_manager_state_from_ledger
 from orchestrator.control.publisher import Publisher
 from orchestrator.control.step_record import StepRecorder
 from orchestrator.control.supervisor import Supervisor
@@ -162,6 +164,7 @@ class TrainingJob:
                                      create_engine=options.engine_factory)
         self.publisher = Publisher(self.supervisor, self.hooks, job=self)
         self.recorder = StepRecorder(layout.metrics_path)
+        self.provenance = ProvenanceRecorder(ledger, self.run_id)
         self.step = 0
 
     # Shorthands for tests and drills that act on the job's actors.
@@ -213,34 +216,48 @@ class TrainingJob:
 
     def restore_checkpoint(self) -> tuple[int, str | None]:
         """Load the newest checkpoint into every cell, take over with a new epoch (fencing
-        whatever the stopped job left running), record ``run_resumed`` and publish the restored
-        weights: the version is ledger head + 1 even when the checkpoint is older than head.
-        Returns the step to continue from and the manager state to restore (if saved)."""
+        whatever the stopped job left running), rebuild the prompt stream from the ledger,
+        record ``run_resumed`` and publish the restored weights: the version is ledger head + 1
+        even when the checkpoint is older than head.
+
+        Returns the step to continue from (the ledger's last trained step: steps after the
+        checkpoint are not trained again, their weight updates are what the rollback loses)
+        and the rollout manager's state file.
+        """
         state = fold(self.run_id, self.ledger.events(self.run_id))
         if not state.checkpoints:
             raise StartupError(f"run {self.run_id} has no checkpoint to resume from")
         self.supervisor.take_over(reason="resume")
         summary = self.supervisor.cells.load_checkpoint(
             state.checkpoints[-1].payload["path"])
+        manager_state = self.layout.manager_state_from_ledger_path
+        prompts = write_manager_state_from_ledger(self.ledger, self.run_id, manager_state)
+        self.provenance.forget_dropped(prompts.dropped)
+        step = max(int(summary["train_step"]), prompts.last_step)
         self.ledger.append(self.run_id, EventKind.RUN_RESUMED, {
             "checkpoint_step": summary["train_step"],
             "checkpoint_version": summary["version"],
             "head_version": self.ledger.head(self.run_id).version,
+            "ledger_step": prompts.last_step,
+            "prompts_carried_over": len(prompts.in_flight),
+            "next_prompt_index": prompts.next_index,
         })
         outcome = self.publisher.publish_weights()
-        step = int(summary["train_step"])
-        logger.info("resumed %s from step %d (v%d); published as v%d", self.run_id, step,
-                    summary["version"], outcome.version)
-        manager_state = self.layout.manager_state_path(step)
-        return step, str(manager_state) if manager_state.exists() else None
+        logger.info("resumed %s at step %d from checkpoint step %d (v%d); published as v%d",
+                    self.run_id, step, summary["train_step"], summary["version"],
+                    outcome.version)
+        return step, str(manager_state)
 
     def train(self, first_step: int, bar: RunProgress) -> None:
         """The loop: drain, train, publish, checkpoint, record."""
         batches = _BatchStream(self, first_step)
+        held_version = self.ledger.head(self.run_id).version  # what the trainer's weights are
         for step in range(first_step, self.config.num_rollout):
-            self.step = self.supervisor.step = step
+            self.step = step
             step_started = time.monotonic()
             batch = batches.next(step)
+            self.supervisor.prompts_in_hand = {group[0].group_index for group in batch.samples
+                                               if group}
             timings = {"time/drain_wait_s": time.monotonic() - step_started}
 
             self.supervisor.check_cells()
@@ -257,6 +274,8 @@ class TrainingJob:
                 started = time.monotonic()
                 version = self.publisher.publish_weights().version
                 timings["time/update_weights_s"] = time.monotonic() - started
+            self.record_provenance(step, batch, held_version, version)
+            held_version = version or held_version
 
             if self._checkpoint_due(step):
                 self.save_checkpoint(step + 1)
@@ -274,10 +293,26 @@ class TrainingJob:
         return not last and (step + 1) % self.config.save_interval == 0
 
     def save_checkpoint(self, train_step: int) -> None:
-        """The publisher saves the cells' state; the rollout manager saves its prompt state."""
+        """The publisher saves the cells' weights and optimizer state. The prompt stream needs
+        no checkpoint: the ledger's ``batch_trained`` events are its record."""
         self.publisher.save_checkpoint(self.layout.checkpoint_path(train_step))
-        path = str(self.layout.manager_state_path(train_step))
-        self.supervisor.call_manager(lambda manager: manager.save.remote(path))
+
+    def record_provenance(self, step: int, batch: RolloutFnTrainOutput, trainer_version: int,
+                          produced_version: int | None) -> None:
+        """Append the step's ``batch_trained`` event (what it trained, on which versions, and
+        the prompts it settled); from then on its prompts are on record as trained."""
+        prompt_states = self.supervisor.call_manager(
+            lambda manager: manager.prompt_states.remote())
+        next_index = self.supervisor.call_manager(
+            lambda manager: manager.next_prompt_index.remote())
+        self.provenance.record(
+            step + 1, batch, trainer_version=trainer_version,
+            produced_version=produced_version, cells=self.supervisor.cells.alive_ids(),
+            drain_version=int(batch.metrics.get(metric_key("weight_version"), trainer_version)),
+            prompt_states=prompt_states, next_index=next_index,
+            recycled=int(batch.metrics.get(metric_key("recycled"), 0)),
+        )
+        self.supervisor.prompts_in_hand = set()
 
     def record(self, step: int, batch: RolloutFnTrainOutput, train: dict[str, float],
                version: int | None, step_started: float, timings: dict[str, float]

@@ -12,8 +12,8 @@ rollout manager, and nothing else restarts or retries anything:
   publisher promoted) and tried again, at most ``max_attempts`` times; a step some survivors
   had already applied is completed by copying their state, never applied twice.
 - **Replacement**: lost cells are healed with a survivor's state, dead engines restarted, a
-  dead manager replaced from its newest saved state; every replacement is charged to one
-  restart budget, and exhausting it ends the run (:class:`SupervisionLimitError`).
+  dead manager replaced with the prompt state the ledger records; every replacement is
+  charged to one restart budget, and exhausting it ends the run (:class:`SupervisionLimitError`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from orchestrator.control import launch
 from orchestrator.control.cells import CellFactory, CellGroup, is_actor_loss
 from orchestrator.control.errors import NoCellAliveError, StepFailedError
 from orchestrator.control.policy import FailurePolicy, RestartBudget, RetryableFailure
+from orchestrator.control.provenance import write_manager_state_from_ledger
 from orchestrator.control.sharding import merge_cell_metrics
 from orchestrator.rollout.types import RolloutFnTrainOutput, Sample
 
@@ -82,7 +83,8 @@ class Supervisor:
         self.engines: dict[str, Any] = {}
         self.manager: Any = None
         self.counters = SupervisionCounters()
-        self.step = 0  # the step being run (a replaced manager restores no newer state)
+        # Prompts of a drained batch the driver holds and has not recorded as trained yet.
+        self.prompts_in_hand: set[int] = set()
         self._create_engine = create_engine
         self._budget = RestartBudget(self.policy)
         self._engines_awaiting_weights: list[str] = []
@@ -360,8 +362,10 @@ class Supervisor:
         return True
 
     def replace_manager(self) -> None:
-        """Start a new rollout manager over the current engines and restore the newest saved
-        prompt state not after the current step; its version comes from the ledger head.
+        """Start a new rollout manager over the current engines with the prompt state the
+        ledger records (``batch_trained`` events): the stream continues where the ledger says,
+        issued prompts neither trained nor dropped are regenerated, except those of the batch
+        in the driver's hand (:attr:`prompts_in_hand`). Its version comes from the ledger head.
 
         Raises:
             SupervisionLimitError: the restart budget is spent.
@@ -373,8 +377,10 @@ class Supervisor:
             ray.kill(self.manager, no_restart=True)
         except Exception:  # noqa: BLE001 - it is gone already
             pass
-        saved = [path for step, path in self.layout.manager_states() if step <= self.step]
-        self.start_manager(str(saved[-1]) if saved else None)
+        path = self.layout.manager_state_from_ledger_path
+        write_manager_state_from_ledger(self.ledger, self.run_id, path,
+                                        held=self.prompts_in_hand)
+        self.start_manager(str(path))
         self.counters.manager_replacements += 1
 
     def note_negative_staleness(self, count: int) -> None:
@@ -393,7 +399,7 @@ class Supervisor:
 
         Every ``heartbeat_timeout_s`` without a batch the cells are heartbeated (a lost cell is
         failed over now, healed at the step boundary). A dead rollout manager is replaced from
-        its newest saved state and ``request()`` is sent again to the new one.
+        the ledger's prompt state and ``request()`` is sent again to the new one.
 
         Raises:
             SupervisionLimitError: the restart budget is spent.

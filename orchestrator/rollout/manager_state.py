@@ -18,7 +18,7 @@ from typing import Any
 from orchestrator.rollout.data_buffer import DataBuffer
 from orchestrator.rollout.data_source import PromptSource
 
-__all__ = ["STATE_FORMAT", "restore_state", "save_state"]
+__all__ = ["STATE_FORMAT", "restore_state", "save_state", "write_state"]
 
 STATE_FORMAT = 1
 
@@ -39,7 +39,10 @@ def save_state(
         "source": source.state_dict(),
         "buffer": buffer.state_dict(),
     }
-    target = Path(path)
+    return _write_atomically(Path(path), state)
+
+
+def _write_atomically(target: Path, state: dict[str, Any]) -> str:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:
@@ -52,6 +55,30 @@ def save_state(
         Path(tmp).unlink(missing_ok=True)
         raise
     return str(target)
+
+
+def write_state(path: str | os.PathLike[str], run_id: str, *, next_index: int,
+                pending: list[int], trained: int, dropped: dict[str, int]) -> str:
+    """Write a state file from an account kept elsewhere (the ledger's ``batch_trained``
+    events): the source position, the unfinished prompts to regenerate first (recycle counts
+    start again at 0) and the totals. Returns the path written.
+
+    Raises:
+        ValueError: a pending prompt at or beyond ``next_index``.
+        OSError: the file could not be written.
+    """
+    if any(index >= next_index for index in pending):
+        raise ValueError("a pending prompt is beyond the source position")
+    state = {
+        "format": STATE_FORMAT,
+        "run_id": run_id,
+        "source": {"next_index": next_index},
+        "buffer": {"pending": [[index, 0] for index in pending], "entered": next_index,
+                   "trained": trained, "dropped": dict(dropped),
+                   # Per-manager counters start again; the driver carries the run's totals.
+                   "negative_staleness_total": 0, "missing_version_total": 0},
+    }
+    return _write_atomically(Path(path), state)
 
 
 def restore_state(

@@ -1,0 +1,173 @@
+"""Provenance: one ``batch_trained`` event per training step, and prompt accounting from it.
+
+The driver records each step after its publish (so the version it produced is known): the
+train step, the version the trainer held, the version it produced, the cells in the step, the
+number of groups and samples, the histogram of sample versions (the oldest version of each
+sample), the widest token-version span (partial rollout), staleness min/avg/max, a digest of
+the prompt ids trained, and the prompts the step settled (trained, dropped by reason) with the
+prompt stream's position. The payload is bounded by the batch size: no per-sample rows.
+
+The event is driver-recorded, not publisher-fenced: it states what the trainer consumed, which
+is true whoever publishes next. A crash between a step's commit and its ``batch_trained``
+leaves that step unrecorded; its prompts count as in flight and a resume trains them again
+(the weights that trained them are rolled back to the checkpoint anyway).
+
+From these events alone the ledger answers where every prompt is (:func:`prompt_ledger`), and
+a resume or a replaced rollout manager continues the prompt stream from there: no prompt
+trained twice, none skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from pathlib import Path
+
+from ledger import Event, EventKind, Ledger
+from orchestrator.rollout.manager_state import write_state
+from orchestrator.rollout.types import RolloutFnTrainOutput, Sample
+
+__all__ = [
+    "PromptLedger",
+    "ProvenanceRecorder",
+    "prompt_digest",
+    "prompt_ledger",
+    "write_manager_state_from_ledger",
+]
+
+_DROPPED = "dropped:"
+
+
+def prompt_digest(prompt_ids: Iterable[int]) -> str:
+    """sha256 over the sorted prompt ids of a step (match a step's exact inputs later)."""
+    text = ",".join(str(index) for index in sorted(prompt_ids))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class PromptLedger:
+    """Where every prompt of a run is, according to its ``batch_trained`` events."""
+
+    next_index: int = 0
+    trained: dict[int, int] = field(default_factory=dict)  # prompt -> train step
+    dropped: dict[int, str] = field(default_factory=dict)  # prompt -> reason
+    recycled: int = 0
+    last_step: int = 0
+    twice: list[int] = field(default_factory=list)  # prompts trained by two steps (a bug)
+
+    @property
+    def in_flight(self) -> list[int]:
+        """Issued prompts neither trained nor dropped (in flight, queued, or pending)."""
+        settled = self.trained.keys() | self.dropped.keys()
+        return [index for index in range(self.next_index) if index not in settled]
+
+    def dropped_by_reason(self) -> dict[str, int]:
+        return dict(sorted(Counter(self.dropped.values()).items()))
+
+    def apply(self, event: Event) -> None:
+        """Fold one ``batch_trained`` event."""
+        prompts = event.payload["prompts"]
+        step = int(event.payload["train_step"])
+        for index in prompts["trained"]:
+            if index in self.trained:
+                self.twice.append(index)
+            self.trained[int(index)] = step
+        for reason, indexes in prompts.get("dropped", {}).items():
+            for index in indexes:
+                self.dropped[int(index)] = reason
+        self.recycled += int(prompts.get("recycled", 0))
+        self.next_index = max(self.next_index, int(prompts["next_index"]))
+        self.last_step = max(self.last_step, step)
+
+
+def prompt_ledger(events: Iterable[Event]) -> PromptLedger:
+    """Fold a run's events into its :class:`PromptLedger`."""
+    accounting = PromptLedger()
+    for event in events:
+        if event.kind == EventKind.BATCH_TRAINED:
+            accounting.apply(event)
+    return accounting
+
+
+def write_manager_state_from_ledger(ledger: Ledger, run_id: str, path: Path, *,
+                                    held: Iterable[int] = ()) -> PromptLedger:
+    """Rebuild the rollout manager's prompt state from the ledger into ``path``: the stream
+    continues at the ledger's position and every issued prompt neither trained nor dropped is
+    regenerated first, except ``held`` (a drained batch in the driver's hand, about to be
+    trained). Returns the ledger's account.
+
+    Raises:
+        OSError: the file could not be written.
+    """
+    accounting = prompt_ledger(ledger.events(run_id))
+    held_set = set(held)
+    pending = [index for index in accounting.in_flight if index not in held_set]
+    settled_held = len(held_set & set(accounting.in_flight))
+    write_state(path, run_id, next_index=accounting.next_index, pending=pending,
+                trained=len(accounting.trained) + settled_held,
+                dropped=accounting.dropped_by_reason())
+    return accounting
+
+
+class ProvenanceRecorder:
+    """Builds and appends each step's ``batch_trained`` event."""
+
+    def __init__(self, ledger: Ledger, run_id: str) -> None:
+        self.ledger = ledger
+        self.run_id = run_id
+        self._reported_dropped: set[int] = set()
+
+    def forget_dropped(self, already: Iterable[int]) -> None:
+        """Prompts whose drop is on record already (after a resume or a manager replacement)."""
+        self._reported_dropped.update(already)
+
+    def record(self, train_step: int, batch: RolloutFnTrainOutput, *, trainer_version: int,
+               produced_version: int | None, cells: Sequence[str],
+               drain_version: int, prompt_states: dict[int, str], next_index: int,
+               recycled: int) -> Event:
+        """Append the ``batch_trained`` event of ``train_step`` (1-based); returns it.
+
+        ``drain_version`` is the version the batch was drained at (staleness is measured from
+        it); ``prompt_states`` is the rollout manager's map prompt -> state; drops not reported
+        yet are reported now. Idempotent per step (a retried append returns the stored one).
+        """
+        samples = [sample for group in batch.samples for sample in group]
+        trained = sorted({sample.group_index for sample in samples})
+        dropped: dict[str, list[int]] = {}
+        for index, state in sorted(prompt_states.items()):
+            if state.startswith(_DROPPED) and index not in self._reported_dropped:
+                dropped.setdefault(state[len(_DROPPED):], []).append(index)
+                self._reported_dropped.add(index)
+        payload = {
+            "train_step": train_step,
+            "trainer_version": trainer_version,
+            "produced_version": produced_version,
+            "cells": list(cells),
+            "groups": len(batch.samples),
+            "samples": len(samples),
+            **_version_summary(samples, drain_version),
+            "prompt_digest": prompt_digest(trained),
+            "prompts": {"trained": trained, "dropped": dropped, "recycled": recycled,
+                        "next_index": next_index},
+        }
+        return self.ledger.append(self.run_id, EventKind.BATCH_TRAINED, payload,
+                                  idempotency_key=f"{self.run_id}:batch_trained:{train_step}")
+
+
+def _version_summary(samples: Sequence[Sample], current: int) -> dict:
+    oldest = [sample.oldest_weight_version for sample in samples]
+    versions = [version for version in oldest if version is not None]
+    # Not clamped: a negative value is recorded as it is and the audit reports it.
+    staleness = [current - version for version in versions] or [0]
+    spans = [sample.version_span for sample in samples] or [0]
+    return {
+        "sample_versions": {str(v): n for v, n in sorted(Counter(versions).items())},
+        "token_version_span_max": max(spans),
+        "mixed_version_samples": sum(1 for span in spans if span > 0),
+        "staleness": {"min": min(staleness), "avg": round(statistics.fmean(staleness), 4),
+                      "max": max(staleness)},
+    }
