@@ -6,11 +6,24 @@ Mechanism, chosen after trying both on this CPU-only machine: **torchft's reconf
 megatron's parallel state already owns as a world of 1 per process), and a re-configure with a
 fresh prefix per quorum id tears down the old group. The store is hosted by the control plane
 (:func:`create_rendezvous_store`).
+
+Across machines two addresses must be routable, not loopback:
+
+- the **store**'s, which the control plane advertises to every cell: the driver node's Ray IP
+  (``ray.util.get_node_ip_address()``), or an explicit host (``--rendezvous-host``);
+- each cell's own **gloo device**, which gloo publishes in the store for its peers to connect
+  to. torch binds it to whatever the machine's hostname resolves to, which is often
+  ``127.0.0.1`` (``/etc/hosts``) and then unreachable from other machines. A cell therefore
+  binds its device to the local address it reaches the store from (a UDP ``connect`` toward
+  the store, which sends nothing): the interface peers can route back to. ``GLOO_SOCKET_IFNAME``,
+  when set, still wins (torch's own way to pick an interface).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -19,21 +32,80 @@ import torch
 
 from actors.errors import CollectiveError
 
-__all__ = ["GradientGroup", "create_rendezvous_store"]
+__all__ = ["GradientGroup", "create_rendezvous_store", "local_address_towards", "routable_address"]
 
 logger = logging.getLogger(__name__)
 
 
-def create_rendezvous_store(host: str = "127.0.0.1", port: int = 0) -> tuple[Any, str]:
+def routable_address() -> str:
+    """The address other nodes reach this process's node on: the Ray node IP when this process
+    is connected to Ray, else the source address of the default route (Ray's own probe)."""
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def local_address_towards(host: str, port: int) -> str:
+    """The local address this process uses to reach ``host:port``: the one a peer there can
+    route back to. A UDP ``connect`` picks the route and sends nothing; ``127.0.0.1`` if the
+    route cannot be determined.
+    """
+    probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((host, port))
+        return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+    finally:
+        probe.close()
+
+
+def create_rendezvous_store(host: str | None = None, port: int = 0) -> tuple[Any, str]:
     """Host the TCP store that cells rendezvous on; returns ``(store, "host:port")``.
 
-    Keep the returned store object alive for as long as groups are formed (it is the server).
-    ``port=0`` picks a free port.
+    The store listens on every interface; ``host`` is the address it is advertised under, so
+    it must be one every cell can route to: by default :func:`routable_address` (the driver
+    node's Ray IP), never loopback on a multi-node cluster. Keep the returned store object
+    alive for as long as groups are formed (it is the server). ``port=0`` picks a free port.
     """
     from torch.distributed import TCPStore
 
+    host = host or routable_address()
     store = TCPStore(host, port, is_master=True, wait_for_workers=False)
     return store, f"{host}:{store.port}"
+
+
+def _split_store_addr(store_addr: str) -> tuple[str, int]:
+    host, _, port = store_addr.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _routable_gloo(timeout: timedelta, device_host: str | None) -> Any:
+    """torchft's reconfigurable gloo group, with its device bound to ``device_host``.
+
+    torchft builds ``ProcessGroupGloo(store, rank, size, timeout)``, whose device is bound to
+    the hostname's address; the override below is that same construction with an explicit
+    device (``None``: torch's default, e.g. when ``GLOO_SOCKET_IFNAME`` is set).
+    """
+    from torch.distributed import ProcessGroup as BaseProcessGroup
+    from torch.distributed import ProcessGroupGloo as BaseProcessGroupGloo
+    from torchft.process_group import ProcessGroupGloo
+
+    class RoutableProcessGroupGloo(ProcessGroupGloo):
+        def _create_pg(self, store: Any, rank: int, world_size: int) -> Any:
+            if device_host is None:
+                return super()._create_pg(store, rank, world_size)
+            options = BaseProcessGroupGloo._Options()
+            options._timeout = self._timeout
+            options._devices = [BaseProcessGroupGloo.create_device(hostname=device_host)]
+            backend = BaseProcessGroupGloo(store, rank, world_size, options)
+            backend._set_sequence_number_for_group()
+            pg = BaseProcessGroup(store, rank, world_size)
+            pg._set_default_backend(BaseProcessGroup.BackendType.GLOO)
+            pg._register_backend(torch.device("cpu"), BaseProcessGroup.BackendType.GLOO, backend)
+            return pg
+
+    return RoutableProcessGroupGloo(timeout=timeout)
 
 
 class GradientGroup:
@@ -65,9 +137,10 @@ class GradientGroup:
             return
         if store_addr is None:
             raise ValueError("a group of more than one cell needs store_addr")
-        from torchft.process_group import ProcessGroupGloo
-
-        group = ProcessGroupGloo(timeout=self.timeout)
+        host, port = _split_store_addr(store_addr)
+        device_host = None if os.environ.get("GLOO_SOCKET_IFNAME") else (
+            local_address_towards(host, port))
+        group = _routable_gloo(self.timeout, device_host)
         try:
             group.configure(f"{store_addr}/rl-ledger/quorum/{quorum_id}", self.member_id, rank,
                             world_size, quorum_id=quorum_id)
