@@ -1,0 +1,104 @@
+"""The whole job crashes: the `orchestrator run` process is SIGKILLed mid-run, a second process
+resumes it, and the ledger alone shows that every prompt is accounted for exactly once.
+
+Fault schedule (declared up front; the test asserts it fired): SIGKILL the driver process once
+the ledger holds ``KILL_AFTER_STEPS`` recorded training steps and a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ledger import EventKind, Ledger, LedgerError
+from ledger.run_layout import default_ledger_url
+from orchestrator.control.provenance import prompt_ledger
+
+RUN = "crash"
+STEPS = 18
+KILL_AFTER_STEPS = 6
+JOB_FLAGS = ["--num-rollout", str(STEPS), "--rollout-batch-size", "4",
+             "--n-samples-per-prompt", "4", "--save-interval", "3", "--no-progress",
+             "--run-id", RUN]
+
+
+def _orchestrator(runs_dir: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-c", "from orchestrator.cli import main; main()", "run",
+         "--runs-dir", str(runs_dir), *JOB_FLAGS, *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+
+
+def _recorded(url: str) -> tuple[int, int]:
+    """(batch_trained events, checkpoints) in the ledger so far; (0, 0) before it exists."""
+    try:
+        with Ledger.open(url, readonly=True, retry_seconds=0) as ledger:
+            kinds = [event.kind for event in ledger.events(RUN)]
+    except LedgerError:
+        return 0, 0
+    return kinds.count(EventKind.BATCH_TRAINED), kinds.count(EventKind.CHECKPOINT_SAVED)
+
+
+@pytest.mark.timeout(900)
+def test_a_resume_after_the_driver_is_killed_accounts_for_every_prompt_exactly_once(
+    tmp_path: Path,
+):
+    url = default_ledger_url(tmp_path / RUN)
+    first = _orchestrator(tmp_path)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and first.poll() is None:
+        trained, checkpoints = _recorded(url)
+        if trained >= KILL_AFTER_STEPS and checkpoints >= 1:
+            break
+        time.sleep(0.1)
+    assert first.poll() is None, first.communicate()[0][-3000:]
+    os.kill(first.pid, signal.SIGKILL)  # the driver alone: Ray must clean up after it
+    first.wait(timeout=60)
+    assert first.returncode == -signal.SIGKILL  # the fault fired
+    with Ledger.open(url, readonly=True) as ledger:
+        head_at_crash = ledger.head(RUN)
+        crashed = prompt_ledger(ledger.events(RUN))
+
+    second = _orchestrator(tmp_path, "--resume")
+    output, _ = second.communicate(timeout=600)
+    assert second.returncode == 0, output[-3000:]
+
+    with Ledger.open(url, readonly=True) as ledger:
+        events = list(ledger.events(RUN))
+        report = ledger.verify(RUN)
+    prompts = prompt_ledger(events)
+    resumed = next(e for e in events if e.kind == EventKind.RUN_RESUMED)
+    promotions = [e for e in events if e.kind == EventKind.CELL_PROMOTED]
+    versions = [e.version for e in events if e.kind == EventKind.WEIGHT_COMMITTED]
+
+    assert report.ok, report.problems
+    assert versions == list(range(1, len(versions) + 1))
+    assert versions[-1] > head_at_crash.version
+    first_after = next(e for e in events if e.kind == EventKind.WEIGHT_COMMITTED
+                       and e.seq > resumed.seq)
+    assert first_after.version == head_at_crash.version + 1
+    assert promotions[-1].payload["reason"] == "resume"
+    assert promotions[-1].epoch == head_at_crash.epoch + 1  # the old job is fenced
+    # The prompt stream continued where the ledger said it stopped.
+    assert resumed.payload["ledger_step"] == crashed.last_step
+    assert resumed.payload["next_prompt_index"] == crashed.next_index
+    # Exactly once: no prompt trained twice, none lost, every step recorded once.
+    assert prompts.twice == []
+    assert not set(prompts.trained) & set(prompts.dropped)
+    steps = [e.payload["train_step"] for e in events if e.kind == EventKind.BATCH_TRAINED]
+    assert sorted(steps) == list(range(1, STEPS + 1))
+    issued = set(range(prompts.next_index))
+    assert set(prompts.trained) | set(prompts.dropped) | set(prompts.in_flight) == issued
+    assert set(crashed.trained) <= set(prompts.trained)
+    # What was in flight at the crash was re-queued first, so by the end it is settled.
+    assert crashed.in_flight
+    assert set(crashed.in_flight) <= set(prompts.trained) | set(prompts.dropped)
