@@ -187,7 +187,7 @@ def _expect_engine_replaced(ctx: DrillContext, job: TrainingJob | None,
                             state: DrillRunState) -> list[str]:
     if job is None:
         return []
-    restarts = job.supervisor.engine_restarts
+    restarts = job.supervisor.counters.engine_restarts
     problems = []
     if restarts < 1:
         problems.append("the dead engine was never restarted")
@@ -208,7 +208,7 @@ def _expect_manager_replaced(ctx: DrillContext, job: TrainingJob | None,
                              state: DrillRunState) -> list[str]:
     if job is None:
         return []
-    replacements = job.supervisor.manager_replacements
+    replacements = job.supervisor.counters.manager_replacements
     problems = []
     if replacements < 1:
         problems.append("the dead rollout manager was never replaced")
