@@ -29,19 +29,21 @@ unstamped version, which the audit reports; the next commit is still head + 1.
 from __future__ import annotations
 
 import copy
+import io
 import logging
 import os
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import ray
 import torch
 
+from actors.checkpoint_io import is_readable, read_bytes, to_url, write_bytes_atomic
 from actors.gradient_group import GradientGroup
 from actors.grpo import GRPOConfig, build_train_batch, grpo_loss
+from actors.node_info import EngineNodes, node_fields
 from actors.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
 from actors.task import TOKENIZER
 from actors.weight_sync import (
@@ -116,10 +118,15 @@ class TrainCell:
         self.run_id = run_id
         self._ledger_handle: Ledger | None = None
         self._pending_checksum: str | None = None
+        self._engine_nodes = EngineNodes()
 
     def pid(self) -> int:
         """The process id of this cell (tests kill it from outside)."""
         return os.getpid()
+
+    def node(self) -> dict[str, str]:
+        """``{"node_id", "host"}`` of the node this cell runs on (``{}`` outside Ray)."""
+        return node_fields()
 
     def progress(self) -> int:
         """How many optimizer steps this cell has applied (compare cells after a failed step)."""
@@ -256,9 +263,13 @@ class TrainCell:
         if report.failed:
             logger.warning("cell %s: engines not stamped with v%d: %s", self.cell_id, version,
                            report.failed)
+        engine_nodes = self._engine_nodes.of(engines)
         self._ledger().append(
             self.run_id, EventKind.ENGINES_STAMPED,
-            {"version": version, "engine_ids": report.stamped_engine_ids},
+            {"version": version, "engine_ids": report.stamped_engine_ids, **node_fields(),
+             "engine_nodes": {engine_id: engine_nodes[engine_id]
+                              for engine_id in report.stamped_engine_ids
+                              if engine_id in engine_nodes}},
             cell_id=self.cell_id, epoch=epoch,
             idempotency_key=f"{self.run_id}:engines_stamped:v{version}:{self.cell_id}:e{epoch}",
         )
@@ -341,23 +352,23 @@ class TrainCell:
         return tensors_checksum(tensors)
 
     def save_checkpoint(self, path: str, epoch: int | None = None) -> dict[str, Any]:
-        """Write weights + optimizer state to ``path`` (atomically: temp file, then rename).
+        """Write weights + optimizer state to ``path``, an absolute path or an fsspec URL
+        (atomically: :func:`actors.checkpoint_io.write_bytes_atomic`).
 
         With ``epoch``, also appends ``checkpoint_saved`` to the cell's run
         (fenced: only the publisher at ``epoch``), after the file is complete. Returns the
-        checkpoint's summary ``{"train_step", "version", "path"}``.
+        checkpoint's summary ``{"train_step", "version", "path"}``; ``path`` is the full URL
+        (``file:///...`` for a path), as the ledger records it.
 
         Raises:
             ledger.FencedError: not the publisher; the file is written, the event is not.
-            OSError: the file could not be written.
+            OSError: the file could not be written (StorageError: a relative path).
         """
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temporary = target.with_name(target.name + f".tmp-{os.getpid()}")
-        torch.save(self.get_state(), temporary)
-        os.replace(temporary, target)
+        buffer = io.BytesIO()
+        torch.save(self.get_state(), buffer)
+        target = write_bytes_atomic(to_url(path), buffer.getvalue())
         summary = {"train_step": self.train_step_count, "version": self.weight_version,
-                   "path": str(target)}
+                   "path": target}
         if epoch is not None:
             self._ledger().append(
                 self.run_id, EventKind.CHECKPOINT_SAVED, summary, cell_id=self.cell_id,
@@ -366,15 +377,21 @@ class TrainCell:
         return summary
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
-        """Restore weights, optimizer state, train step and version from ``path``.
+        """Restore weights, optimizer state, train step and version from ``path`` (an
+        absolute path or an fsspec URL).
 
         Raises:
             OSError: unreadable file. PolicyError, ValueError: see :meth:`set_state`.
         """
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        url = to_url(path)
+        state = torch.load(io.BytesIO(read_bytes(url)), map_location="cpu", weights_only=True)
         self.set_state(state)
         return {"train_step": self.train_step_count, "version": self.weight_version,
-                "path": str(path)}
+                "path": url}
+
+    def checkpoint_readable(self, path: str) -> bool:
+        """Whether this cell's node can read ``path`` (a resume checks before promoting)."""
+        return is_readable(path)
 
     def close(self) -> None:
         """Leave the gradient group and close ledger connections."""
