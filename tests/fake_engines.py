@@ -26,7 +26,9 @@ class FakeEnginePool:
         ``abort``: come back ABORTED once (the next attempt completes).
         ``fail``: raise RuntimeError (the pool is broken).
         ``stamp``: stamp with this version instead (None: leave the samples unstamped).
-    With ``gated=True`` every request waits until the test releases it.
+    With ``gated=True`` every request waits until the test releases it. ``on_generate``, if
+    set, is called with the prompt index as each request arrives (tests check invariants that
+    must hold whenever a group starts).
     """
 
     def __init__(self, version: int = 0, *, gated: bool = False) -> None:
@@ -38,11 +40,14 @@ class FakeEnginePool:
         self.calls: list[int] = []
         self.in_flight = 0
         self.peak_in_flight = 0
+        self.on_generate: Callable[[int], None] | None = None
         self._gates: dict[int, asyncio.Future[SampleStatus]] = {}
 
     async def generate(self, prompt: Prompt, n_samples: int, group_index: int) -> list[Sample]:
         self.calls.append(prompt.index)
         self.in_flight += 1
+        if self.on_generate is not None:
+            self.on_generate(prompt.index)
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         label = self.stamp.get(prompt.index, self.version)
         try:

@@ -274,14 +274,19 @@ def test_manager_as_ray_actor_refuses_regression_and_follows_the_ledger(ray_clus
 
 @pytest.mark.parametrize("sync", [True, False])
 def test_sync_mode_generates_only_while_a_drain_waits(sqlite_url, sync: bool):
-    build_ledger(sqlite_url, RUN, commits=0)
+    epoch = build_ledger(sqlite_url, RUN, commits=0)
     pool = FakeEnginePool(version=0)
     manager = make_manager(sqlite_url, pool, sync=sync)
 
     async def scenario():
         first = await manager.generate(0)
         calls_after_drain = len(pool.calls)
-        await settle(200)  # the trainer's turn: an async producer keeps generating meanwhile
+        # The trainer's turn: it trains and publishes v1 (the admission bound makes room for
+        # one more batch per version); an async producer keeps generating meanwhile.
+        with Ledger.open(sqlite_url) as ledger:
+            ledger.commit_weights(RUN, cell_id="cell-0", epoch=epoch, train_step=1)
+        manager.set_weight_version(1)
+        await settle(200)
         calls_between_steps = len(pool.calls) - calls_after_drain
         second = await manager.generate(1)
         await manager.shutdown()

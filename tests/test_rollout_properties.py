@@ -4,6 +4,12 @@ Whatever the interleaving, the rollout path keeps DESIGN invariants 6 and 7: the
 version never decreases and is never above the ledger head, no staleness is negative, a push is
 refused exactly when it is below the current version or above the head, and every prompt that
 entered ends trained, recycled (pending), dropped with a reason, or still in flight/buffered.
+
+And the admission bound (issue 11): no group is ever generated that the bound forbids (checked
+at every generate call and after every action: trained since the start + queued + in flight <=
+``(max_weight_staleness + v - v0 + 1) * rollout_batch_size``), and in flight never exceeds
+``async_max_concurrent_samples``. The world publishes, as the trainer does after a step, when a
+drain is held up only by the bound (its liveness precondition).
 """
 
 from __future__ import annotations
@@ -79,9 +85,30 @@ class World:
         )
         self.pool = FakeEnginePool(version=self.head(), gated=True)
         self.manager = RolloutManager(url, self.run_id, config, make_prompt, self.pool)
+        self.max_concurrent = config.async_max_concurrent_samples
+        self.pool.on_generate = self.check_admission
         self.trained: list[int] = []
         self.refused = 0
+        self.generated = 0
+        self.publishes_for_liveness = 0
         self.last_version = self.manager.get_weight_version()
+
+    def check_admission(self, _prompt_index: int) -> None:
+        """At a generate call: the group was allowed by the bound and the concurrency cap."""
+        self.generated += 1
+        state = self.manager.admission_state()
+        if state["limit"] is not None:
+            assert state["occupancy"] <= state["limit"], state
+        assert self.pool.in_flight <= self.max_concurrent
+
+    def publish_if_only_the_bound_holds(self) -> None:
+        """The trainer publishes after each step; without it the bound holds generation back."""
+        if self.pool.waiting() or not self.manager.admission_state()["holding"]:
+            return
+        self.commit()
+        self.pool.version = self.head()
+        self.manager.set_weight_version(self.head())
+        self.publishes_for_liveness += 1
 
     def head(self) -> int:
         return self.ledger.head(self.run_id).version
@@ -125,6 +152,8 @@ class World:
                 self.pool.version = self.head()  # the publisher finally stamps the engines
             if self.pool.waiting():
                 self.pool.release(self.pool.waiting()[-1 if commit_midway else 0])
+            else:
+                self.publish_if_only_the_bound_holds()
         assert task.done(), "drain made no progress"
         output = task.result()
         indices = [group[0].group_index for group in output.samples]
@@ -143,6 +172,9 @@ class World:
         metrics = self.manager.metrics()
         assert metrics[M + "negative_staleness_total"] == 0
         assert self.manager.accounting().balanced
+        state = self.manager.admission_state()
+        if state["limit"] is not None:
+            assert state["occupancy"] <= state["limit"], state
 
 
 @settings(
@@ -197,3 +229,4 @@ def test_any_interleaving_keeps_versions_monotonic_and_every_prompt_accounted(
     event(f"dropped: {sorted(accounting.dropped)}")
     event(f"recycled some: {world.manager.metrics()[M + 'recycled_total'] > 0}")
     event(f"refused pushes: {world.refused > 0}")
+    event(f"bound held a drain (world published): {world.publishes_for_liveness > 0}")

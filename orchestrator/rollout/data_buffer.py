@@ -11,6 +11,10 @@ wires together three parts, each in its own module:
   buffered group, whether it is trained on, recycled or dropped;
 * :mod:`~orchestrator.rollout.step_metrics`: the per-step metrics of all that.
 
+It also reports what the admission bound counts (:meth:`DataBuffer.admission_load`) and tells
+its slot listeners whenever a group leaves without being trained (recycled, dropped, or its
+prompt given back), so a producer held back by the bound looks again.
+
 Single event loop, not thread-safe.
 """
 
@@ -18,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Literal
 
+from orchestrator.rollout.admission import AdmissionLoad
 from orchestrator.rollout.data_source import PromptFactory, PromptSource
 from orchestrator.rollout.prompt_tracker import STARVED, Accounting, PromptState, PromptTracker
 from orchestrator.rollout.staleness import (
@@ -45,6 +51,8 @@ class DataBuffer:
         max_recycles: recycles a prompt may get before it is dropped as ``starved``.
         dynamic_filter: optional :data:`~orchestrator.rollout.staleness.DynamicFilter` applied
             to groups that pass staleness.
+        max_partial_span: largest accepted version span of a sample (partial rollout);
+            None = off.
 
     Raises:
         ValueError: an option is out of range.
@@ -58,11 +66,14 @@ class DataBuffer:
         unused_samples_handler: Literal["drop", "retry"] = "retry",
         max_recycles: int = 3,
         dynamic_filter: DynamicFilter | None = None,
+        max_partial_span: int | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
-        self._screen = StalenessFilter(max_weight_staleness, unused_samples_handler, dynamic_filter)
+        self._screen = StalenessFilter(max_weight_staleness, unused_samples_handler,
+                                       dynamic_filter, max_partial_span)
+        self._slot_listeners: list[Callable[[], None]] = []
         self._prompts = PromptTracker(max_recycles)
         self._metrics = StepMetrics()
         self._queue: deque[Group] = deque()  # BUFFERED groups, completion order
@@ -81,6 +92,7 @@ class DataBuffer:
             unused_samples_handler=config.async_unused_samples_handler,
             max_recycles=config.max_recycles,
             dynamic_filter=dynamic_filter,
+            max_partial_span=config.max_partial_span,
         )
 
     # ----------------------------------------------------------------- producer side
@@ -105,6 +117,7 @@ class DataBuffer:
             ValueError: the prompt is not IN_FLIGHT.
         """
         self._prompts.give_back(prompt_index)
+        self._slot_freed()
 
     async def put(self, group: Group) -> None:
         """Buffer a finished group, waiting while the buffer holds ``capacity`` groups.
@@ -155,8 +168,9 @@ class DataBuffer:
                     verdict = self._screen.screen(group, resolve)
                     self._queue.popleft()
                     self._changed.notify_all()
-                    if self._carry_out(group.group_index, verdict):
+                    if self._carry_out(group, verdict):
                         return group
+                    self._slot_freed()
 
     def commit(self, groups: list[Group]) -> None:
         """Mark CLAIMED groups as trained and record their staleness in the step metrics.
@@ -166,7 +180,7 @@ class DataBuffer:
         """
         self._prompts.train(group.group_index for group in groups)
         for group in groups:
-            self._metrics.trained(self._claimed_staleness.pop(group.group_index))
+            self._metrics.trained(self._claimed_staleness.pop(group.group_index), group)
 
     def release(self, groups: list[Group]) -> None:
         """Return CLAIMED groups to the front of the buffer, in their order (a failed drain).
@@ -182,14 +196,15 @@ class DataBuffer:
             self._queue.appendleft(group)
         self._notify_soon()
 
-    def _carry_out(self, prompt_index: int, verdict: Verdict) -> bool:
-        """Apply the screen's verdict to a BUFFERED prompt; True if it is now CLAIMED."""
+    def _carry_out(self, group: Group, verdict: Verdict) -> bool:
+        """Apply the screen's verdict to a BUFFERED group; True if it is now CLAIMED."""
+        prompt_index = group.group_index
         if verdict.action is Action.TRAIN:
             assert verdict.staleness is not None
             self._prompts.move(prompt_index, PromptState.BUFFERED, PromptState.CLAIMED)
             self._claimed_staleness[prompt_index] = verdict.staleness
             return True
-        self._metrics.screened(verdict)
+        self._metrics.screened(verdict, group)
         assert verdict.reason is not None
         if verdict.action is Action.RECYCLE:
             if self._prompts.recycle(prompt_index, PromptState.BUFFERED):
@@ -201,6 +216,26 @@ class DataBuffer:
         self._prompts.drop(prompt_index, PromptState.BUFFERED, verdict.reason)
         self._metrics.dropped(verdict.reason)
         return False
+
+    # ----------------------------------------------------------------- admission
+
+    def add_slot_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` whenever a group leaves without being trained (recycled,
+        dropped) or an in-flight prompt is given back: a slot of the admission bound freed."""
+        self._slot_listeners.append(listener)
+
+    def admission_load(self) -> AdmissionLoad:
+        """What the admission bound counts: trained, queued (buffered + claimed), in flight."""
+        accounting = self._prompts.accounting()
+        return AdmissionLoad(
+            trained=accounting.trained,
+            queued=accounting.buffered + accounting.claimed,
+            in_flight=accounting.in_flight,
+        )
+
+    def _slot_freed(self) -> None:
+        for listener in self._slot_listeners:
+            listener()
 
     # ----------------------------------------------------------------- introspection
 

@@ -26,7 +26,7 @@ import os
 from typing import Any
 
 from ledger import Ledger
-from ledger.run_layout import NEGATIVE_STALENESS_KEY, metric_key
+from ledger.run_layout import NEGATIVE_STALENESS_KEY, manager_metric_key, metric_key
 
 from orchestrator.rollout.data_buffer import DataBuffer
 from orchestrator.rollout.data_source import PromptFactory, PromptSource
@@ -47,10 +47,6 @@ from orchestrator.rollout.types import (
 __all__ = ["RolloutManager"]
 
 logger = logging.getLogger(__name__)
-
-# Prefix of the manager's own counters in metrics(); the driver reads one of them. ledger.run_layout
-# has no name for it yet (requested), so it is spelled here only.
-_MANAGER_PREFIX = "rollout_manager/"
 
 
 class RolloutManager:
@@ -94,8 +90,11 @@ class RolloutManager:
         self._source = PromptSource(make_prompt)
         self._engine_pool = engine_pool
         self._buffer = DataBuffer.from_config(config, dynamic_filter)
+        # Admission control is always on: the producer paces itself on this manager's
+        # ledger-backed version (no ledger read per group) and is woken when it grows.
         self._rollout = FullyAsyncRolloutFn.from_config(
-            config, engine_pool, self._source, self._buffer, stall_warning_s=stall_warning_s
+            config, engine_pool, self._source, self._buffer, stall_warning_s=stall_warning_s,
+            current_version=self.get_weight_version,
         )
         self._ledger_reads = 1
         self._pushes_accepted = 0
@@ -135,6 +134,7 @@ class RolloutManager:
                 logger.warning("run %s: %s", self.run_id, error)
                 raise error
             self._weight_version = version
+            self._rollout.notify()
         self._pushes_accepted += 1
         return self._weight_version
 
@@ -146,6 +146,7 @@ class RolloutManager:
         head = self._read_ledger_head()
         if head > self._weight_version:
             self._weight_version = head
+            self._rollout.notify()
         elif head < self._weight_version:
             # Only possible if the ledger went backwards (a restored database): keep ours.
             logger.error(
@@ -225,6 +226,10 @@ class RolloutManager:
         """Recycle count of every unfinished prompt."""
         return self._buffer.recycle_counts()
 
+    def admission_state(self) -> dict[str, int | bool | None]:
+        """The admission bound now (see :meth:`FullyAsyncRolloutFn.admission_state`)."""
+        return self._rollout.admission_state()
+
     def next_prompt_index(self) -> int:
         """Index of the next fresh prompt the source will hand out."""
         return self._source.next_index
@@ -238,16 +243,22 @@ class RolloutManager:
             metric_key("missing_version_total"): self._buffer.missing_version_total,
             metric_key("queue_size"): self._buffer.queue_size,
             metric_key("recycled_total"): self._buffer.recycled_total,
-            _MANAGER_PREFIX + "ledger_reads": self._ledger_reads,
-            _MANAGER_PREFIX + "pushes_accepted": self._pushes_accepted,
-            _MANAGER_PREFIX + "version_regressions_refused": self._regressions_refused,
-            _MANAGER_PREFIX + "version_ahead_refused": self._ahead_refused,
-            _MANAGER_PREFIX + "peak_in_flight": self._rollout.peak_in_flight,
-            _MANAGER_PREFIX + "prompts_entered": accounting.entered,
-            _MANAGER_PREFIX + "prompts_trained": accounting.trained,
-            _MANAGER_PREFIX + "prompts_dropped": accounting.dropped_total,
-            _MANAGER_PREFIX + "prompts_unaccounted": accounting.unaccounted,
+            manager_metric_key("ledger_reads"): self._ledger_reads,
+            manager_metric_key("pushes_accepted"): self._pushes_accepted,
+            manager_metric_key("version_regressions_refused"): self._regressions_refused,
+            manager_metric_key("version_ahead_refused"): self._ahead_refused,
+            manager_metric_key("peak_in_flight"): self._rollout.peak_in_flight,
+            manager_metric_key("admission_admitted_total"): self._admission_total("admitted"),
+            manager_metric_key("admission_held_back_total"): self._admission_total("held_back"),
+            manager_metric_key("prompts_entered"): accounting.entered,
+            manager_metric_key("prompts_trained"): accounting.trained,
+            manager_metric_key("prompts_dropped"): accounting.dropped_total,
+            manager_metric_key("prompts_unaccounted"): accounting.unaccounted,
         }
+
+    def _admission_total(self, name: str) -> int:
+        admission = self._rollout.admission
+        return getattr(admission, f"{name}_total") if admission is not None else 0
 
     # ----------------------------------------------------------------- persistence
 

@@ -5,7 +5,9 @@ The producer runs on the caller's event loop as one task. It keeps at most
 :class:`~orchestrator.rollout.types.EnginePool` (a group stays in flight until the buffer
 accepted it, so a full buffer stops the producer taking prompts), takes recycled prompts before
 fresh ones, and puts finished groups in the :class:`~orchestrator.rollout.data_buffer.DataBuffer`.
-``drain`` collects one training batch.
+With an :class:`~orchestrator.rollout.admission.AdmissionControl`, it also starts a group only
+while the staleness-aware bound allows it, and waits (for a new version, a freed slot or a
+finished group) otherwise. ``drain`` collects one training batch.
 
 A failed generation kills the producer (its prompt goes back to the pending queue first); a
 drain then fails at once with :class:`~orchestrator.rollout.errors.ProducerDiedError`, even if
@@ -18,9 +20,11 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from ledger.run_layout import metric_key
 
+from orchestrator.rollout.admission import AdmissionControl
 from orchestrator.rollout.data_buffer import DataBuffer
 from orchestrator.rollout.data_source import PromptSource
 from orchestrator.rollout.errors import ProducerDiedError
@@ -56,6 +60,10 @@ class FullyAsyncRolloutFn:
         max_concurrent_groups: groups in flight at most (``async_max_concurrent_samples``).
         stall_warning_s: a drain that receives no group for this long logs a warning (and
             again every such interval); it keeps waiting.
+        admission: the staleness-aware bound; None = only ``max_concurrent_groups`` applies.
+        current_version: ``() -> version`` the bound is evaluated at (the manager's
+            ledger-backed version, no ledger read); required with ``admission``. Call
+            :meth:`notify` when it may have grown.
     """
 
     def __init__(
@@ -68,7 +76,11 @@ class FullyAsyncRolloutFn:
         n_samples_per_prompt: int,
         max_concurrent_groups: int,
         stall_warning_s: float = DEFAULT_STALL_WARNING_S,
+        admission: AdmissionControl | None = None,
+        current_version: Callable[[], int] | None = None,
     ) -> None:
+        if admission is not None and current_version is None:
+            raise ValueError("admission control needs current_version")
         for name, value in (
             ("rollout_batch_size", rollout_batch_size),
             ("n_samples_per_prompt", n_samples_per_prompt),
@@ -85,6 +97,10 @@ class FullyAsyncRolloutFn:
         self.n_samples_per_prompt = n_samples_per_prompt
         self.max_concurrent_groups = max_concurrent_groups
         self.stall_warning_s = stall_warning_s
+        self.admission = admission
+        self._current_version = current_version or (lambda: 0)
+        self._wake = asyncio.Event()
+        buffer.add_slot_listener(self.notify)
         self._producer: asyncio.Task[None] | None = None
         self._stopped = False
         self.peak_in_flight = 0
@@ -98,8 +114,16 @@ class FullyAsyncRolloutFn:
         buffer: DataBuffer,
         *,
         stall_warning_s: float = DEFAULT_STALL_WARNING_S,
+        current_version: Callable[[], int] | None = None,
     ) -> FullyAsyncRolloutFn:
-        """A rollout function shaped by ``config``."""
+        """A rollout function shaped by ``config``, admission control on (it is off only
+        when ``config.max_weight_staleness`` is None, or no ``current_version`` is given)."""
+        admission = None
+        if current_version is not None:
+            admission = AdmissionControl(
+                config.max_weight_staleness, config.rollout_batch_size,
+                config.update_weights_interval,
+            )
         return cls(
             pool,
             source,
@@ -108,6 +132,8 @@ class FullyAsyncRolloutFn:
             n_samples_per_prompt=config.n_samples_per_prompt,
             max_concurrent_groups=config.async_max_concurrent_samples,
             stall_warning_s=stall_warning_s,
+            admission=admission,
+            current_version=current_version,
         )
 
     # ----------------------------------------------------------------- lifecycle
@@ -134,6 +160,8 @@ class FullyAsyncRolloutFn:
         if self._stopped:
             raise RuntimeError("rollout was stopped; build a new FullyAsyncRolloutFn")
         if self._producer is None:
+            if self.admission is not None:
+                self.admission.start(self._current_version(), self.buffer.accounting().trained)
             self._producer = asyncio.get_running_loop().create_task(
                 self._produce(), name="rollout-producer"
             )
@@ -158,11 +186,40 @@ class FullyAsyncRolloutFn:
 
     # ----------------------------------------------------------------- producer
 
+    def notify(self) -> None:
+        """Wake the producer to re-check the admission bound (a new version, a freed slot).
+
+        Safe from any code on the producer's event loop, and before :meth:`start`.
+        """
+        self._wake.set()
+
+    def admission_state(self) -> dict[str, int | bool | None]:
+        """The bound now: ``limit`` (None without a bound or before the first start),
+        ``occupancy`` (trained since the origin + queued + in flight), ``holding`` (the
+        bound is holding the next group back) and ``version`` (the one it is evaluated at)."""
+        version = self._current_version()
+        admission = self.admission
+        if admission is None or admission.origin is None:
+            return {"limit": None, "occupancy": None, "holding": False, "version": version}
+        return {
+            "limit": admission.limit(version),
+            "occupancy": admission.occupancy(self.buffer.admission_load()),
+            "holding": admission.holding,
+            "version": version,
+        }
+
+    def _admits(self) -> bool:
+        if self.admission is None:
+            return True
+        return self.admission.admits(self._current_version(), self.buffer.admission_load())
+
     async def _produce(self) -> None:
         tasks: set[asyncio.Task[None]] = set()
         try:
             while True:
-                while len(tasks) < self.max_concurrent_groups:
+                # Cleared before the checks, so a wake-up that lands after them is not lost.
+                self._wake.clear()
+                while len(tasks) < self.max_concurrent_groups and self._admits():
                     prompt, recycle_count = self.buffer.take_prompt(self.source)
                     tasks.add(
                         asyncio.create_task(
@@ -171,8 +228,14 @@ class FullyAsyncRolloutFn:
                         )
                     )
                 self.peak_in_flight = max(self.peak_in_flight, len(tasks))
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
+                waker = asyncio.create_task(self._wake.wait(), name="rollout-admission-wake")
+                try:
+                    done, _ = await asyncio.wait(
+                        tasks | {waker}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    waker.cancel()
+                for task in done - {waker}:
                     tasks.discard(task)
                     task.result()  # a failed generation kills the producer
         finally:
@@ -238,6 +301,9 @@ class FullyAsyncRolloutFn:
             raise
         claimed.sort(key=lambda group: group.group_index)
         metrics = self.buffer.pop_step_metrics()
+        if self.admission is not None:
+            metrics.update(self.admission.pop_metrics(self._current_version(),
+                                                      self.buffer.admission_load()))
         metrics[metric_key("drain_time_s")] = time.monotonic() - started_at
         return RolloutFnTrainOutput(samples=[group.samples for group in claimed], metrics=metrics)
 

@@ -7,9 +7,15 @@ In order, a group is::
     unversioned (a sample was never stamped)  -> recycle, whatever the handler: a bug upstream
     negative staleness (oldest > current)     -> recycle (retry) or drop "negative_staleness"
     stale (current - oldest > max staleness)  -> recycle (retry) or drop "stale" (drop)
+    a sample spans more than max_partial_span -> recycle (retry) or drop "partial_span" (drop)
+      versions (partial rollout; off by default)
     rejected by the dynamic filter            -> drop under its reason (regenerating it would
                                                  not add a GRPO signal)
     otherwise                                 -> train, with staleness = current - oldest
+
+``oldest`` is the minimum over every sample's ``weight_versions`` and ``token_versions``: with
+partial rollout a sample's tokens may come from several versions, and the oldest one decides.
+A sample's span is its newest minus its oldest version (the weight updates it crossed).
 
 The unversioned and negative cases are invariant violations (DESIGN section 6): logged as
 errors here and counted by the step metrics.
@@ -62,6 +68,7 @@ class Rejection(str, enum.Enum):
     MISSING_VERSION = "missing_version"
     NEGATIVE_STALENESS = "negative_staleness"
     STALE = "stale"
+    PARTIAL_SPAN = "partial_span"
     FILTERED = "filtered"  # by the dynamic filter; the drop reason is the filter's own
 
 
@@ -95,9 +102,11 @@ class StalenessFilter:
         unused_samples_handler: ``retry`` recycles aborted, negative and stale groups; ``drop``
             drops them.
         dynamic_filter: optional :data:`DynamicFilter` for groups that pass staleness.
+        max_partial_span: largest accepted version span of one sample; None = off.
 
     Raises:
-        ValueError: a negative ``max_weight_staleness`` or an unknown handler.
+        ValueError: a negative ``max_weight_staleness`` or ``max_partial_span``, or an
+            unknown handler.
     """
 
     def __init__(
@@ -105,7 +114,10 @@ class StalenessFilter:
         max_weight_staleness: int | None = None,
         unused_samples_handler: Literal["drop", "retry"] = "retry",
         dynamic_filter: DynamicFilter | None = None,
+        max_partial_span: int | None = None,
     ) -> None:
+        if max_partial_span is not None and max_partial_span < 0:
+            raise ValueError(f"max_partial_span must be >= 0, got {max_partial_span}")
         if max_weight_staleness is not None and max_weight_staleness < 0:
             raise ValueError(f"max_weight_staleness must be >= 0, got {max_weight_staleness}")
         if unused_samples_handler not in ("drop", "retry"):
@@ -115,6 +127,7 @@ class StalenessFilter:
         self.max_weight_staleness = max_weight_staleness
         self.unused_samples_handler = unused_samples_handler
         self.dynamic_filter = dynamic_filter
+        self.max_partial_span = max_partial_span
 
     def screen(self, group: Group, current_version: VersionProvider) -> Verdict:
         """Decide what to do with ``group`` (see the module docstring).
@@ -141,6 +154,10 @@ class StalenessFilter:
             return self._unused(Rejection.NEGATIVE_STALENESS)
         if self.max_weight_staleness is not None and staleness > self.max_weight_staleness:
             return self._unused(Rejection.STALE)
+        if self.max_partial_span is not None and any(
+            sample.version_span > self.max_partial_span for sample in group.samples
+        ):
+            return self._unused(Rejection.PARTIAL_SPAN)
         if self.dynamic_filter is not None:
             reason = self.dynamic_filter(group)
             if reason is not None:

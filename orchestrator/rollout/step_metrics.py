@@ -1,5 +1,12 @@
 """The data buffer's per-step metrics: staleness statistics and what the screen filtered.
 
+Partial rollout adds, over the groups trained in the step: ``mixed_version_ratio`` (samples
+whose tokens span more than one version, over samples), ``version_span_max`` (the largest
+newest - oldest version of a sample), ``tokens_kept_across_updates`` (tokens of trained samples
+produced before a later version took over: what the abort mode would have thrown away), and,
+over everything screened, ``tokens_trained`` and ``tokens_discarded`` (response tokens of
+groups recycled or dropped: generated, never trained).
+
 Counters since the last :meth:`StepMetrics.pop`, plus a few run totals (negative staleness,
 missing versions, recycles) that a step never resets. Keys come from :mod:`ledger.run_layout`
 (prefix ``rollout/fully_async/``, DESIGN section 6), the one home of metric names.
@@ -19,6 +26,7 @@ from ledger.run_layout import (
 )
 
 from orchestrator.rollout.staleness import Rejection, Verdict
+from orchestrator.rollout.types import Group, Sample
 
 __all__ = ["StepMetrics"]
 
@@ -29,6 +37,13 @@ class _StepCounts:
     stale_filtered: int = 0
     aborted_filtered: int = 0
     dynamic_filtered: int = 0
+    partial_span_filtered: int = 0
+    samples: int = 0
+    mixed_samples: int = 0
+    span_max: int = 0
+    tokens_trained: int = 0
+    tokens_kept: int = 0
+    tokens_discarded: int = 0
     recycled: int = 0
     starved: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
@@ -48,8 +63,11 @@ class StepMetrics:
         self.missing_version_total = 0
         self.recycled_total = 0
 
-    def screened(self, verdict: Verdict) -> None:
-        """Count a screen rejection (an accepted group is counted when trained)."""
+    def screened(self, verdict: Verdict, group: Group | None = None) -> None:
+        """Count a screen rejection (an accepted group is counted when trained); the
+        rejected group's response tokens count as discarded."""
+        if group is not None:
+            self._step.tokens_discarded += sum(len(s.response_tokens) for s in group.samples)
         rejection = verdict.rejection
         if rejection is Rejection.ABORTED:
             self._step.aborted_filtered += 1
@@ -61,6 +79,8 @@ class StepMetrics:
             self._step.stale_filtered += 1
         elif rejection is Rejection.FILTERED:
             self._step.dynamic_filtered += 1
+        elif rejection is Rejection.PARTIAL_SPAN:
+            self._step.partial_span_filtered += 1
 
     def recycled(self) -> None:
         """Count a group whose prompt went back to the PENDING queue."""
@@ -75,9 +95,19 @@ class StepMetrics:
         """Count a prompt dropped under ``reason``."""
         self._step.dropped[reason] += 1
 
-    def trained(self, staleness: int) -> None:
-        """Count a group trained on at ``staleness``."""
+    def trained(self, staleness: int, group: Group | None = None) -> None:
+        """Count a group trained on at ``staleness`` (and its samples' versions and tokens)."""
         self._step.staleness.append(staleness)
+        if group is None:
+            return
+        step = self._step
+        for sample in group.samples:
+            span = sample.version_span
+            step.samples += 1
+            step.mixed_samples += span > 0
+            step.span_max = max(step.span_max, span)
+            step.tokens_trained += len(sample.response_tokens)
+            step.tokens_kept += _tokens_before_newest(sample)
 
     def pop(self, *, queue_size: int, recycle_queue_size: int, in_flight: int) -> dict[str, Any]:
         """This step's metrics, keyed ``rollout/fully_async/<name>``; resets the step counts.
@@ -95,6 +125,14 @@ class StepMetrics:
             metric_key("stale_filtered"): step.stale_filtered,
             metric_key("aborted_filtered"): step.aborted_filtered,
             metric_key("dynamic_filtered"): step.dynamic_filtered,
+            metric_key("partial_span_filtered"): step.partial_span_filtered,
+            metric_key("mixed_version_ratio"): (
+                step.mixed_samples / step.samples if step.samples else 0.0
+            ),
+            metric_key("version_span_max"): step.span_max,
+            metric_key("tokens_trained"): step.tokens_trained,
+            metric_key("tokens_kept_across_updates"): step.tokens_kept,
+            metric_key("tokens_discarded"): step.tokens_discarded,
             metric_key("recycled"): step.recycled,
             metric_key("starved"): step.starved,
             metric_key("dropped_total"): sum(step.dropped.values()),
@@ -107,3 +145,11 @@ class StepMetrics:
         for reason, count in sorted(step.dropped.items()):
             metrics[metric_key(f"dropped/{reason}")] = count
         return metrics
+
+
+def _tokens_before_newest(sample: Sample) -> int:
+    """Tokens produced under an older version than the sample's newest one."""
+    if not sample.token_versions:
+        return 0
+    newest = max(sample.token_versions)
+    return sum(1 for version in sample.token_versions if version < newest)
