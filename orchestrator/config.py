@@ -79,6 +79,18 @@ class RunConfig(BaseModel):
     max_recycles: int = Field(
         default=3, ge=0, description="times a stale group is recycled before it is dropped"
     )
+    partial_rollout: bool = Field(
+        default=True,
+        description="partial rollout (pause mode in_place): a weight update pauses engines "
+                    "between tokens and in-flight samples continue under the new weights, each "
+                    "token stamped with its version; off: the update aborts them (pause mode "
+                    "abort) and they are regenerated",
+    )
+    max_partial_span: int | None = Field(
+        default=None, ge=0,
+        description="recycle (retry) or drop a group with a sample whose tokens span more "
+                    "than this many versions (newest - oldest); unset: no limit",
+    )
 
     # Topology.
     num_cells: int = Field(default=2, ge=1, description="training cells (independent replicas)")
@@ -100,6 +112,18 @@ class RunConfig(BaseModel):
         default="full", description="weights a publish sends: all parameters or the LoRA adapter"
     )
     lr: float = Field(default=3e-3, gt=0.0, le=1.0, description="learning rate")
+    lora_rank: int = Field(
+        default=8, ge=1, description="rank of the LoRA adapters (with --transport lora)"
+    )
+    lora_alpha: float = Field(
+        default=16.0, gt=0.0,
+        description="LoRA scale numerator: adapter output is scaled by alpha / rank",
+    )
+    lora_lr: float = Field(
+        default=2e-2, gt=0.0, le=1.0,
+        description="learning rate of the LoRA adapters (with --transport lora; --lr is for "
+                    "full weights)",
+    )
     # The two clips bound the ratio to [1 - eps_clip, 1 + eps_clip_high]: each is a bound of
     # its own, so no ordering between them is enforced (a tighter upper clip is legitimate).
     eps_clip: float = Field(
