@@ -8,18 +8,28 @@ arrive while ``generate`` runs::
 Control methods (pause, updates, health) run in their own concurrency group, so they are never
 queued behind generate calls blocked on a pause.
 
+It implements :class:`~actors.engine_protocol.RolloutEngineProtocol`; the semantics below are
+stated there once.
+
 State and its rules:
 
 - ``version``: the label of the loaded weights; 0 at launch, then whatever the publisher
-  stamps through :meth:`update_weight_version`. Every sample is stamped with the version that
-  was current when its generate call started (weights never change under a running call:
-  loading needs the engine paused and drained).
+  stamps through :meth:`update_weight_version`. Every response token is stamped with the
+  version of the weights that computed it (``Sample.token_versions``, beside its log-prob);
+  weights never change under a token being computed: loading needs every call paused.
 - ``epoch``: the highest publisher epoch seen. :meth:`begin_update`, :meth:`load_weights`,
   :meth:`update_weight_version` and :meth:`continue_generation` (with an epoch) from a lower
   epoch raise :class:`~actors.errors.StaleEpochError` and change nothing: the ledger fences the
   record, the engines fence the tensors.
 - ``paused``: new generate calls wait (up to ``paused_wait_timeout_s``, then come back
-  ABORTED); in-flight calls stop at the next token and come back ABORTED.
+  ABORTED). In-flight calls stop at the next token boundary and, by the pause mode
+  (``partial_rollout``): come back ABORTED (``abort``), or park there and continue under the
+  new weights when resumed (``in_place``; parked longer than ``paused_wait_timeout_s``, they
+  come back ABORTED with what they generated).
+
+The engine never re-encodes anything on resume because it keeps no KV cache: every decode step
+runs the whole prefix, so tokens after an update are computed wholly by the new weights and
+their log-probs are exactly the new policy's.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from typing import Any
 import ray
 import torch
 
+from actors.engine_protocol import pause_mode
 from actors.errors import EngineStateError, StaleEpochError
 from actors.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
 from actors.task import AdditionTask
@@ -99,9 +110,11 @@ class RolloutEngine:
         task: AdditionTask | None = None,
         sampling: SamplingParams | dict[str, Any] | None = None,
         paused_wait_timeout_s: float = 60.0,
+        partial_rollout: bool = False,
     ) -> None:
         """Build the engine's policy from ``(backend, policy_config, seed)``: the trainer must
         use the same triple so version 0 means the same weights everywhere.
+        ``partial_rollout`` chooses the pause mode: ``in_place`` if true, else ``abort``.
 
         Raises:
             PolicyError, ValueError: the policy or sampling parameters are invalid.
@@ -112,6 +125,8 @@ class RolloutEngine:
         self.task = task or AdditionTask()
         self.sampling = SamplingParams.from_value(sampling)
         self.paused_wait_timeout_s = paused_wait_timeout_s
+        self.partial_rollout = partial_rollout
+        self.pause_mode = pause_mode(partial_rollout)
         config = PolicyConfig.from_value(policy_config)
         self.model = build_policy(backend, config, seed).eval()
         self.max_sequence_length = config.max_sequence_length
@@ -121,10 +136,12 @@ class RolloutEngine:
         self._version = 0
         self._epoch = 0
         self._paused = False
-        self._in_flight = 0
+        self._in_flight = 0  # calls not yet returned (parked ones included)
+        self._running = 0  # calls computing a token (not parked)
         self._abort_token = 0
         self._updating = False
-        self._counters = {"generate_calls": 0, "aborted_calls": 0, "weight_loads": 0}
+        self._counters = {"generate_calls": 0, "aborted_calls": 0, "weight_loads": 0,
+                          "parked_calls": 0, "resumed_calls": 0, "decode_steps": 0}
 
     # ---------------------------------------------------------------------------- helpers
 
@@ -141,12 +158,13 @@ class RolloutEngine:
     # ---------------------------------------------------------------------------- sampling
 
     def generate(self, prompt: Prompt, n_samples: int, group_index: int) -> list[Sample]:
-        """Sample ``n_samples`` responses to ``prompt``, each stamped with the current version.
+        """Sample ``n_samples`` responses to ``prompt``, each token stamped with its version.
 
         Waits while the engine is paused (up to ``paused_wait_timeout_s``). A call that is
-        aborted (pause, update) returns its samples with status ABORTED: unfinished responses
-        as far as they got, reward 0. Never raises for a pause; the caller regenerates the
-        group.
+        aborted (pause in ``abort`` mode, or parked too long in ``in_place`` mode) returns its
+        samples with status ABORTED: unfinished responses as far as they got, reward 0. In
+        ``in_place`` mode a call paused by an update continues under the new weights after
+        it. Never raises for a pause.
 
         Raises:
             ValueError: ``n_samples < 1`` or the prompt does not fit the context.
@@ -162,35 +180,67 @@ class RolloutEngine:
             self._counters["generate_calls"] += 1
             if self._paused:
                 self._counters["aborted_calls"] += 1
-                return self._samples(prompt, group_index, [[]] * n_samples, [[]] * n_samples,
-                                     [False] * n_samples, self._version, aborted=True)
+                empty = _Rollout.empty(n_samples, self._version)
+                return self._samples(prompt, group_index, empty, aborted=True)
             self._in_flight += 1
+            self._running += 1
             abort_token, version = self._abort_token, self._version
+        rollout = _Rollout.empty(n_samples, version)
+        aborted = True
         try:
-            responses, log_probs, finished, aborted = self._sample(prompt, n_samples, abort_token)
+            aborted = self._sample(prompt, rollout, abort_token)
         finally:
             with self._state:
                 self._in_flight -= 1
+                self._running -= 1
+                self._counters["aborted_calls"] += aborted
                 self._state.notify_all()
-        if aborted:
-            with self._state:
-                self._counters["aborted_calls"] += 1
-        return self._samples(prompt, group_index, responses, log_probs, finished, version, aborted)
+        return self._samples(prompt, group_index, rollout, aborted)
+
+    def _before_token(self) -> None:
+        """Called before each decode step, while the call counts as running (a pause waits
+        for it). A hook for engines that model extra per-step time (benchmarks)."""
+
+    def _park(self) -> int | None:
+        """Wait at a token boundary while paused (``in_place``). Returns the version to go on
+        with, or None if the pause outlasted ``paused_wait_timeout_s`` (the call aborts)."""
+        with self._state:
+            if not self._paused:
+                return self._version
+            self._running -= 1
+            self._counters["parked_calls"] += 1
+            self._state.notify_all()  # a pause waiting for running calls may now return
+            deadline = time.monotonic() + self.paused_wait_timeout_s
+            while self._paused and time.monotonic() < deadline:
+                self._state.wait(timeout=max(0.0, deadline - time.monotonic()))
+            self._running += 1
+            if self._paused:
+                return None
+            self._counters["resumed_calls"] += 1
+            return self._version
 
     @torch.inference_mode()
-    def _sample(self, prompt: Prompt, n_samples: int,
-                abort_token: int) -> tuple[list[list[int]], list[list[float]], list[bool], bool]:
+    def _sample(self, prompt: Prompt, rollout: _Rollout, abort_token: int) -> bool:
+        """Decode into ``rollout`` token by token; True if the call was aborted."""
         eos_id, pad_id = self.task.tokenizer.eos_id, self.task.tokenizer.pad_id
+        n_samples = len(rollout.responses)
         tokens = torch.tensor([list(prompt.tokens)] * n_samples, dtype=torch.long)
-        responses: list[list[int]] = [[] for _ in range(n_samples)]
-        log_probs: list[list[float]] = [[] for _ in range(n_samples)]
-        finished = [False] * n_samples
+        responses, log_probs, finished = rollout.responses, rollout.log_probs, rollout.finished
         temperature = self.sampling.temperature
+        version = rollout.start_version
         for _ in range(self.sampling.max_new_tokens):
+            if self._paused:  # read without the lock: a pause is seen at the next boundary
+                if not self.partial_rollout:
+                    return True
+                resumed = self._park()
+                if resumed is None:
+                    return True
+                version = resumed
             if self._abort_token != abort_token:
-                return responses, log_probs, finished, True
+                return True
             if tokens.shape[1] >= self.max_sequence_length:
                 break
+            self._before_token()
             logits = self.model(tokens)[:, -1, :].float()
             step_log_probs = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
             if temperature == 0:
@@ -200,22 +250,25 @@ class RolloutEngine:
                 with self._rng_lock:
                     next_tokens = torch.multinomial(probs, 1, generator=self._generator)[:, 0]
             chosen = step_log_probs.gather(-1, next_tokens[:, None])[:, 0]
+            with self._state:
+                self._counters["decode_steps"] += 1
             for row in range(n_samples):
                 if not finished[row]:
                     responses[row].append(int(next_tokens[row]))
                     log_probs[row].append(float(chosen[row]))
+                    rollout.token_versions[row].append(version)
                     finished[row] = int(next_tokens[row]) == eos_id
             if all(finished):
                 break
             next_tokens = next_tokens.masked_fill(torch.tensor(finished), pad_id)
             tokens = torch.cat([tokens, next_tokens[:, None]], dim=1)
-        return responses, log_probs, finished, False
+        return False
 
-    def _samples(self, prompt: Prompt, group_index: int, responses: list[list[int]],
-                 log_probs: list[list[float]], finished: list[bool], version: int,
+    def _samples(self, prompt: Prompt, group_index: int, rollout: _Rollout,
                  aborted: bool) -> list[Sample]:
         samples = []
-        for row, (response, row_log_probs) in enumerate(zip(responses, log_probs)):
+        responses, finished = rollout.responses, rollout.finished
+        for row, (response, row_log_probs) in enumerate(zip(responses, rollout.log_probs)):
             if finished[row]:
                 status = SampleStatus.COMPLETED
             else:
@@ -229,7 +282,8 @@ class RolloutEngine:
                 rollout_log_probs=list(row_log_probs),
                 reward=reward,
                 status=status,
-                weight_versions=[version],
+                weight_versions=_distinct([rollout.start_version, *rollout.token_versions[row]]),
+                token_versions=list(rollout.token_versions[row]),
                 metadata={"engine_id": self.engine_id, "prompt_index": prompt.index,
                           "label": prompt.label},
             ))
@@ -239,15 +293,18 @@ class RolloutEngine:
 
     @ray.method(concurrency_group=CONTROL)
     def pause(self) -> int:
-        """Stop serving: in-flight calls come back ABORTED, new calls wait. Returns when no
-        call is in flight (so weights can be swapped safely); returns the number aborted."""
+        """Stop serving; new calls wait. In-flight calls stop at the next token boundary: in
+        ``abort`` mode they come back ABORTED, in ``in_place`` mode they park and keep their
+        tokens. Returns when no call computes (so weights can be swapped safely), with the
+        number of calls aborted (``abort``) or parked (``in_place``)."""
         with self._state:
             self._paused = True
-            self._abort_token += 1
-            aborted = self._in_flight
-            while self._in_flight:
+            if not self.partial_rollout:
+                self._abort_token += 1
+            interrupted = self._in_flight
+            while self._running:
                 self._state.wait()
-            return aborted
+            return interrupted
 
     @ray.method(concurrency_group=CONTROL)
     def continue_generation(self, epoch: int | None = None) -> None:
@@ -295,9 +352,10 @@ class RolloutEngine:
             raise ValueError(f"unknown transport {transport!r}; expected one of {TRANSPORTS}")
         with self._state:
             self._check_epoch("load_weights", epoch)
-            if not self._paused or self._in_flight:
+            if not self._paused or self._running:
                 raise EngineStateError(
-                    f"engine {self.engine_id} must be paused and drained to load weights"
+                    f"engine {self.engine_id} must be paused with no call computing to "
+                    "load weights"
                 )
             load_tensors(self.model, tensors, adapters_only=transport == "lora")
             self._counters["weight_loads"] += 1
@@ -330,7 +388,8 @@ class RolloutEngine:
 
     @ray.method(concurrency_group=CONTROL)
     def health(self) -> dict[str, Any]:
-        """A snapshot: id, pid, version, epoch, paused, updating, in flight, counters."""
+        """A snapshot: id, pid, version, epoch, pause mode, paused, updating, in flight
+        (parked calls included), running, counters."""
         with self._state:
             return {
                 "engine_id": self.engine_id,
@@ -338,8 +397,32 @@ class RolloutEngine:
                 "backend": self.backend,
                 "version": self._version,
                 "epoch": self._epoch,
+                "pause_mode": self.pause_mode,
                 "paused": self._paused,
                 "updating": self._updating,
                 "in_flight": self._in_flight,
+                "running": self._running,
                 **self._counters,
             }
+
+
+@dataclass
+class _Rollout:
+    """What one generate call has decoded so far, row by row."""
+
+    start_version: int
+    responses: list[list[int]]
+    log_probs: list[list[float]]
+    token_versions: list[list[int]]
+    finished: list[bool]
+
+    @classmethod
+    def empty(cls, n_samples: int, start_version: int) -> _Rollout:
+        return cls(start_version, [[] for _ in range(n_samples)],
+                   [[] for _ in range(n_samples)], [[] for _ in range(n_samples)],
+                   [False] * n_samples)
+
+
+def _distinct(versions: list[int]) -> list[int]:
+    """``versions`` without repeats, in the order first seen."""
+    return list(dict.fromkeys(versions))

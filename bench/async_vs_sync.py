@@ -51,12 +51,8 @@ class DeviceLatencyEngine(RolloutEngine):
 
     device_s_per_token = 0.015
 
-    def _sample(self, prompt, n_samples, abort_token):
-        for _ in range(self.sampling.max_new_tokens):
-            if self._abort_token != abort_token:
-                break  # the sampling below sees the abort and returns at once
-            time.sleep(self.device_s_per_token)
-        return super()._sample(prompt, n_samples, abort_token)
+    def _before_token(self) -> None:
+        time.sleep(self.device_s_per_token)
 
 
 def device_engine_factory(seconds_per_token: float):

@@ -1,4 +1,5 @@
-"""RolloutEngine: sampling, version labels, pause/abort, and the epoch fence (on real Ray)."""
+"""RolloutEngine: sampling, version labels, pause (abort and in-place partial rollout), per-token
+versions and log-probs across an update, and the epoch fence (on real Ray)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 
 import pytest
 import ray
+import torch
 
 from actors.errors import EngineStateError, StaleEpochError
 from actors.policy import PolicyConfig, build_policy
@@ -127,4 +129,96 @@ def test_pause_reaches_an_actor_while_it_generates(ray_cluster) -> None:
 
     assert any(s.status is SampleStatus.ABORTED for s in samples)
     assert ray.get(engine.health.remote())["paused"]
+    ray.kill(engine)
+
+
+# ----------------------------------------------------------------------------- partial rollout
+
+
+def _spanning(samples):
+    return [s for s in samples if len(set(s.token_versions)) > 1]
+
+
+def test_in_place_pause_parks_a_call_past_the_timeout_then_it_aborts_with_its_tokens() -> None:
+    engine = RolloutEngine("engine-0", "torch", LONG_CONFIG, seed=0, task=TASK,
+                           sampling=LONG_SAMPLING, paused_wait_timeout_s=0.3,
+                           partial_rollout=True)
+    results: list = []
+    worker = threading.Thread(
+        target=lambda: results.append(engine.generate(TASK.make_prompt(0), 64, 0))
+    )
+    worker.start()
+    _wait_until(lambda: engine.health()["decode_steps"] >= 2)
+
+    parked = engine.pause()
+    health = engine.health()
+    worker.join(timeout=10)  # nobody resumes: the parked call gives up after 0.3 s
+
+    assert parked == 1
+    assert health["pause_mode"] == "in_place"
+    assert (health["in_flight"], health["running"]) == (1, 0)  # parked, not computing
+    samples = results[0]
+    assert any(s.status is SampleStatus.ABORTED for s in samples)
+    assert all(len(s.response_tokens) >= 2 for s in samples if s.status is SampleStatus.ABORTED)
+    assert all(s.token_versions == [0] * len(s.response_tokens) for s in samples)
+    assert engine.health()["parked_calls"] == 1 and engine.health()["resumed_calls"] == 0
+
+
+@pytest.mark.ray
+def test_partial_rollout_sample_spans_the_update_with_exact_per_token_versions_and_log_probs(
+        ray_cluster) -> None:
+    """A real engine actor, paused in place mid-generation by the real update sequence."""
+    from actors.grpo import token_log_probs
+    from actors.weight_sync import (
+        begin_engine_update,
+        finalize_and_resume_engines,
+        transfer_weights,
+    )
+    from orchestrator.rollout.staleness import Action, StalenessFilter
+    from orchestrator.rollout.types import Group
+
+    Engine = ray.remote(**ROLLOUT_ENGINE_ACTOR_OPTIONS)(RolloutEngine)
+    engine = Engine.remote("engine-0", "torch", LONG_CONFIG, 0, TASK, LONG_SAMPLING,
+                           partial_rollout=True)
+    old_model = build_policy("torch", LONG_CONFIG, seed=0).eval()
+    new_model = build_policy("torch", LONG_CONFIG, seed=1).eval()
+    ray.get(engine.health.remote())
+
+    pending = engine.generate.remote(TASK.make_prompt(0), 64, 0)
+    _wait_until(lambda: ray.get(engine.health.remote())["decode_steps"] >= 2)
+    health = begin_engine_update([engine], epoch=1)[0]
+    transfer_weights([engine], collect_weights(new_model, "full"), epoch=1, transport="full")
+    report = finalize_and_resume_engines([engine], version=1, epoch=1)
+    samples = ray.get(pending, timeout=60)
+
+    assert health["in_flight"] == 1 and health["running"] == 0
+    assert report.stamped_engine_ids == ["engine-0"]
+    assert all(s.status is not SampleStatus.ABORTED for s in samples)  # nothing thrown away
+    spanning = _spanning(samples)
+    assert spanning, "no sample was still generating when the update landed"
+    for sample in samples:
+        assert len(sample.token_versions) == len(sample.response_tokens)
+        assert sample.token_versions == sorted(sample.token_versions)  # 0s, then 1s
+        assert sample.weight_versions == sorted(set([0] + sample.token_versions))
+    for sample in spanning:
+        assert sample.weight_versions == [0, 1]
+        assert sample.oldest_weight_version == 0 and sample.version_span == 1
+        tokens = torch.tensor([sample.prompt_tokens + sample.response_tokens])
+        start = len(sample.prompt_tokens) - 1
+        end = start + len(sample.response_tokens)
+        with torch.no_grad():
+            by_version = {
+                0: token_log_probs(old_model(tokens), tokens)[0, start:end],
+                1: token_log_probs(new_model(tokens), tokens)[0, start:end],
+            }
+        for position, version in enumerate(sample.token_versions):
+            assert sample.rollout_log_probs[position] == pytest.approx(
+                float(by_version[version][position]), abs=1e-4
+            ), (position, version)
+    # Staleness uses the older version: measured at version 2 the group is 2 stale.
+    verdict = StalenessFilter(max_weight_staleness=2).screen(
+        Group(group_index=0, samples=samples), lambda _at_least: 2)
+    assert verdict.action is Action.TRAIN and verdict.staleness == 2
+    assert StalenessFilter(max_weight_staleness=1).screen(
+        Group(group_index=0, samples=samples), lambda _at_least: 2).action is not Action.TRAIN
     ray.kill(engine)

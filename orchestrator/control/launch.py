@@ -29,7 +29,6 @@ __all__ = [
 CELL_CPUS = 0.25
 ENGINE_CPUS = 0.25
 MANAGER_CPUS = 0.1
-LORA_RANK = 4
 
 
 @dataclass(frozen=True)
@@ -106,16 +105,20 @@ def task_for(config: RunConfig):
 
 
 def policy_config(config: RunConfig):
-    """The policy sizes every cell and engine of the run share (LoRA rank for ``lora``)."""
+    """The policy sizes every cell and engine of the run share (LoRA adapters, of the run's
+    ``lora_rank`` and ``lora_alpha``, only with the ``lora`` transport)."""
     from actors.policy import PolicyConfig
     from actors.task import TOKENIZER
 
-    rank = LORA_RANK if config.transport == "lora" else 0
-    return PolicyConfig(vocab_size=TOKENIZER.vocab_size, lora_rank=rank)
+    if config.transport != "lora":
+        return PolicyConfig(vocab_size=TOKENIZER.vocab_size)
+    return PolicyConfig(vocab_size=TOKENIZER.vocab_size, lora_rank=config.lora_rank,
+                        lora_alpha=config.lora_alpha)
 
 
 def create_engine(config: RunConfig, engine_id: str):
-    """A ``RolloutEngine`` actor with the run's policy, task and sampling parameters."""
+    """A ``RolloutEngine`` actor with the run's policy, task, sampling parameters and pause
+    mode (``partial_rollout``: in_place, else abort)."""
     import ray
 
     from actors.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
@@ -128,13 +131,14 @@ def create_engine(config: RunConfig, engine_id: str):
     }
     return ray.remote(**options)(RolloutEngine).remote(
         engine_id, config.backend, policy_config(config), seed=config.seed,
-        task=task_for(config), sampling=sampling,
+        task=task_for(config), sampling=sampling, partial_rollout=config.partial_rollout,
     )
 
 
 def create_cell(config: RunConfig, cell_id: str):
     """A ``TrainCell`` actor with the run's policy, optimizer and transport, bound to the
-    run's ledger (``config.db``, ``config.run_id``) for publishing."""
+    run's ledger (``config.db``, ``config.run_id``) for publishing. The ``lora`` transport
+    trains only the adapters, at ``lora_lr``."""
     import ray
 
     from actors.grpo import GRPOConfig
@@ -143,7 +147,8 @@ def create_cell(config: RunConfig, cell_id: str):
     options = {**TRAIN_CELL_ACTOR_OPTIONS, "num_cpus": CELL_CPUS}
     return ray.remote(**options)(TrainCell).remote(
         cell_id, config.backend, policy_config(config), seed=config.seed,
-        transport=config.transport, learning_rate=config.lr,
+        transport=config.transport,
+        learning_rate=config.lora_lr if config.transport == "lora" else config.lr,
         grpo=GRPOConfig(
             clip_low=config.eps_clip, clip_high=config.eps_clip_high,
             temperature=config.temperature,
