@@ -42,6 +42,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from pydantic.fields import FieldInfo
 
+from ledger.redact import redact_text
 from ledger.run_layout import DEFAULT_RUNS_DIR
 from orchestrator.config import ConfigError, RunConfig
 from orchestrator.render import DrillTable, print_run_summary
@@ -195,7 +196,8 @@ def _as_user_error(*kinds: type[Exception]) -> Iterator[None]:
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    typer.echo(f"orchestrator: {message}", err=True)
+    # A database URL in an error must not print its password.
+    typer.echo(f"orchestrator: {redact_text(message)}", err=True)
     sys.exit(code)
 
 

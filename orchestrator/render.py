@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from ledger.redact import redact_url
+
 if TYPE_CHECKING:
     from orchestrator.control.driver import JobResult
     from orchestrator.drills.runner import DrillResult
@@ -79,10 +81,14 @@ def print_run_summary(result: JobResult) -> None:
     console = Console()
     console.print(table)
     # Paths go on lines of their own, never wrapped, so they can be copied or grepped.
-    console.print(f"ledger:  {result.ledger_url}", soft_wrap=True, highlight=False)
+    ledger_url = redact_url(result.ledger_url)  # never print a password
+    console.print(f"ledger:  {ledger_url}", soft_wrap=True, highlight=False)
     console.print(f"metrics: {result.metrics_path}", soft_wrap=True, highlight=False)
     console.print(f"plot:    {result.plot_path or '-'}", soft_wrap=True, highlight=False)
     for problem in result.audit_problems[:_AUDIT_PROBLEMS_SHOWN]:
         console.print(f"[red]audit:[/red] {problem}", soft_wrap=True)
-    console.print(f"audit it: ledger --db {result.ledger_url} verify", soft_wrap=True,
-                  highlight=False)
+    hint = f"audit it: ledger --db {ledger_url} verify"
+    if ledger_url != result.ledger_url:
+        hint = (f"audit it: LEDGER_DB='{ledger_url}' ledger verify  (give the password "
+                "through PGPASSWORD or ~/.pgpass, never in the URL)")
+    console.print(hint, soft_wrap=True, highlight=False)

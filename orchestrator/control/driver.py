@@ -28,8 +28,10 @@ from ledger.run_layout import (
     NEGATIVE_STALENESS_KEY,
     PROMPTS_UNACCOUNTED_KEY,
     RunLayout,
+    default_ledger_url,
     metric_key,
 )
+from ledger.witness import Witness, check_witnesses, read_witnesses, write_checkpoint_witness
 from orchestrator.config import RunConfig
 from orchestrator.control import launch
 from orchestrator.control.errors import StartupError
@@ -101,8 +103,10 @@ def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
     """Run (or resume) one training job to the end and return its summary.
 
     Raises:
-        StartupError: bad topology, too few CPUs, a run to resume that does not exist.
+        StartupError: bad topology, too few CPUs, a run to resume that does not exist, a
+            ledger URL the cluster's nodes cannot share, an unreadable checkpoint to resume.
         LedgerError: the ledger cannot be opened (unreachable database, bad URL).
+        StepFailedError, SupervisionLimitError: the run failed; ``run_failed`` is recorded.
     """
     run_id = config.run_id or new_run_id()
     layout = RunLayout.of(options.runs_dir, run_id)
@@ -110,14 +114,20 @@ def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
         raise StartupError(f"run {run_id} already exists in {layout.run_dir}; pass --resume")
     # Before the ledger is touched, so a job that cannot start writes nothing.
     launch.check_cpu_budget(config, options.ray_address)
-    ledger_url = config.db or layout.ledger_url
+    # Absolute: the actors open it too, and a worker's directory is not the driver's.
+    ledger_url = config.db or default_ledger_url(layout.run_dir.resolve())
     config = config.model_copy(update={"run_id": run_id, "db": ledger_url})
+    launch.init_ray(config, options.ray_address)
+    launch.check_cluster_ledger(ledger_url, joined=options.ray_address is not None)
     ledger = Ledger.open(ledger_url)
     try:
-        launch.init_ray(config, options.ray_address)
         job = TrainingJob(config, ledger, layout, options)
         try:
             return job.run()
+        except Exception as exc:
+            if not isinstance(exc, StartupError):
+                job.record_failure(exc)
+            raise
         finally:
             job.shutdown()
     finally:
@@ -163,7 +173,7 @@ class TrainingJob:
         self.supervisor = Supervisor(config, ledger, layout,
                                      create_engine=options.engine_factory)
         self.publisher = Publisher(self.supervisor, self.hooks, job=self)
-        self.recorder = StepRecorder(layout.metrics_path)
+        self.recorder = StepRecorder(layout.metrics_path, self.run_id)
         self.provenance = ProvenanceRecorder(ledger, self.run_id)
         self.step = 0
 
@@ -206,6 +216,7 @@ class TrainingJob:
     def open_run(self) -> None:
         """Start the run in the ledger (or check it exists when resuming)."""
         if not self.options.resume:
+            # The ledger redacts credentials (a URL's password) before they are recorded.
             self.ledger.start_run(self.run_id, config=self.config.model_dump(mode="json"))
             return
         try:
@@ -213,6 +224,7 @@ class TrainingJob:
         except LedgerError:
             raise StartupError(f"run {self.run_id} is not in {self.ledger.url}; "
                                "nothing to resume") from None
+        self.check_witnesses()  # before anything is written
 
     def restore_checkpoint(self) -> tuple[int, str | None]:
         """Load the newest checkpoint into every cell, take over with a new epoch (fencing
@@ -227,10 +239,13 @@ class TrainingJob:
         state = fold(self.run_id, self.ledger.events(self.run_id))
         if not state.checkpoints:
             raise StartupError(f"run {self.run_id} has no checkpoint to resume from")
+        # Readable by the driver and every cell, or nothing is promoted (one line, exit 2).
+        self.supervisor.storage.require_readable(state.checkpoints[-1].payload["path"],
+                                                 self.supervisor.cells)
         self.supervisor.take_over(reason="resume")
         summary = self.supervisor.cells.load_checkpoint(
             state.checkpoints[-1].payload["path"])
-        manager_state = self.layout.manager_state_from_ledger_path
+        manager_state = self.supervisor.storage.manager_state_from_ledger_path
         prompts = write_manager_state_from_ledger(self.ledger, self.run_id, manager_state)
         self.provenance.forget_dropped(prompts.dropped)
         step = max(int(summary["train_step"]), prompts.last_step)
@@ -247,6 +262,26 @@ class TrainingJob:
                     self.run_id, step, summary["train_step"], summary["version"],
                     outcome.version)
         return step, str(manager_state)
+
+    def check_witnesses(self) -> None:
+        """Refuse to resume on a ledger behind what the run's checkpoints and metrics saw
+        (the database was restored from an older backup): it would hand out version numbers
+        engines, checkpoints and metrics have already seen.
+
+        Raises:
+            StartupError: a witness is ahead of the ledger or diverges from it (one line).
+        """
+        if not self.layout.run_dir.is_dir():
+            return
+        try:
+            witnesses = [w for w in read_witnesses(self.layout.run_dir) if w.run_id == self.run_id]
+        except LedgerError:
+            return  # nothing witnessed yet
+        problems = check_witnesses(self.ledger, witnesses)
+        if problems:
+            raise StartupError(f"refusing to resume {self.run_id}: {problems[0].message} "
+                               f"({len(problems)} witness problem(s); `ledger verify --witness "
+                               f"{self.layout.run_dir}` lists them)")
 
     def train(self, first_step: int, bar: RunProgress) -> None:
         """The loop: drain, train, publish, checkpoint, record."""
@@ -295,7 +330,9 @@ class TrainingJob:
     def save_checkpoint(self, train_step: int) -> None:
         """The publisher saves the cells' weights and optimizer state. The prompt stream needs
         no checkpoint: the ledger's ``batch_trained`` events are its record."""
-        self.publisher.save_checkpoint(self.layout.checkpoint_path(train_step))
+        path = self.layout.checkpoint_path(train_step)  # its witness stays in the run directory
+        self.publisher.save_checkpoint(self.supervisor.storage.checkpoint_url(train_step))
+        write_checkpoint_witness(path, Witness.of_head(self.run_id, self.ledger.head(self.run_id)))
 
     def record_provenance(self, step: int, batch: RolloutFnTrainOutput, trainer_version: int,
                           produced_version: int | None) -> None:
@@ -350,6 +387,16 @@ class TrainingJob:
             negative_staleness_total=self.negative_staleness_total,
             audit_problems=[str(problem) for problem in report.problems],
         )
+
+    def record_failure(self, error: BaseException) -> None:
+        """Append the terminal ``run_failed`` (why, and the head version it ended at); best
+        effort: a ledger that cannot take it is logged, the run's own error is what counts."""
+        reason = " ".join(f"{type(error).__name__}: {error}".split())[:500]
+        try:
+            self.ledger.append(self.run_id, EventKind.RUN_FAILED, {
+                "reason": reason, "head_version": self.ledger.head(self.run_id).version})
+        except LedgerError:
+            logger.warning("could not record run_failed for %s", self.run_id, exc_info=True)
 
     def _draw_plot(self) -> Path | None:
         from ledger.cli.plot import plot_run

@@ -10,17 +10,21 @@ from pathlib import Path
 from typing import Any
 
 from ledger import Head
-from ledger.run_layout import REWARD_KEY, WEIGHT_VERSION_KEY
+from ledger.run_layout import LEDGER_HEAD_KEY, REWARD_KEY, WEIGHT_VERSION_KEY
+from ledger.witness import Witness
 from orchestrator.rollout.types import RolloutFnTrainOutput
 
 __all__ = ["StepRecorder"]
 
 
 class StepRecorder:
-    """Builds each step's record and appends it to ``metrics.jsonl``."""
+    """Builds each step's record and appends it to ``metrics.jsonl``. Every line carries the
+    ledger head it saw (a witness: ``ledger verify --witness`` and ``--resume`` compare it with
+    the ledger, so a database restored from an older backup is caught)."""
 
-    def __init__(self, metrics_path: Path) -> None:
+    def __init__(self, metrics_path: Path, run_id: str) -> None:
         self.metrics_path = metrics_path
+        self.run_id = run_id
         self.rewards: list[float] = []
         self._started = time.monotonic()
 
@@ -52,6 +56,7 @@ class StepRecorder:
         record.update(batch.metrics)
         record["negative_staleness_run_total"] = negative_staleness_total
         record.update({key: round(value, 4) for key, value in timings.items()})
+        record[LEDGER_HEAD_KEY] = Witness.of_head(self.run_id, head).to_dict()
         with self.metrics_path.open("a", encoding="utf-8") as sink:
             sink.write(json.dumps(record, default=str) + "\n")
         return record
