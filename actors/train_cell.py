@@ -40,10 +40,10 @@ from typing import Any
 import ray
 import torch
 
-from actors.checkpoint_io import is_readable, read_bytes, to_url, write_bytes_atomic
+from actors.cluster.checkpoint_io import is_readable, read_bytes, to_url, write_bytes_atomic
+from actors.cluster.node_info import EngineNodes, node_fields
 from actors.gradient_group import GradientGroup
 from actors.grpo import GRPOConfig, build_train_batch, grpo_loss
-from actors.node_info import EngineNodes, node_fields
 from actors.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
 from actors.task import TOKENIZER
 from actors.weight_sync import (
@@ -353,7 +353,7 @@ class TrainCell:
 
     def save_checkpoint(self, path: str, epoch: int | None = None) -> dict[str, Any]:
         """Write weights + optimizer state to ``path``, an absolute path or an fsspec URL
-        (atomically: :func:`actors.checkpoint_io.write_bytes_atomic`).
+        (atomically: :func:`actors.cluster.checkpoint_io.write_bytes_atomic`).
 
         With ``epoch``, also appends ``checkpoint_saved`` to the cell's run
         (fenced: only the publisher at ``epoch``), after the file is complete. Returns the
