@@ -1,0 +1,414 @@
+"""VLLMEngine: a rollout engine on a real vLLM, behind the engine interface.
+
+The same interface as the built-in :class:`~actors.rollout_engine.RolloutEngine` (see
+:mod:`actors.engine_protocol` for the contract): generate with per-token log-probs and
+versions, ``begin_update`` / ``load_weights`` / ``update_weight_version`` /
+``continue_generation`` under the epoch fence, ``weights_checksum``, ``health``, ``pid``. A
+plain class, made remote where it is allocated, as a threaded actor::
+
+    Engine = ray.remote(**VLLM_ENGINE_ACTOR_OPTIONS)(VLLMEngine)
+
+How it drives vLLM (0.32, V1, CPU): one in-process ``LLMEngine`` (no engine-core subprocess:
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so killing the actor kills the engine), stepped by one
+thread of ours. Each ``step()`` is one token for every running request, so "between tokens" is
+"between steps", and every token is stamped with the version the engine held during its step.
+
+- **Weights**: ``collective_rpc("reload_weights", weights_iterator=[(hf_name, tensor)])``, then
+  ``reset_prefix_cache(reset_running_requests=True)``: without it a cached prefix computed
+  under the old weights is reused (log-prob errors of 0.7 were seen by hand). With requests
+  parked in flight, the reset preempts them, so their KV is recomputed under the new weights
+  when they continue: their later tokens' log-probs are exactly the new weights' over the whole
+  sequence, which is what the trainer recomputes. LoRA updates are merged
+  (:mod:`actors.vllm_weights`).
+- **Pause modes** (fixed at build, ``partial_rollout``): ``in_place`` freezes requests
+  mid-sequence with vLLM's scheduler pause in ``keep`` mode (``EngineCore.pause_scheduler``,
+  what ``AsyncLLM.pause_generation(mode="keep")`` calls) and stops stepping; ``abort`` aborts
+  them through ``LLMEngine.abort_request`` and returns them ABORTED with their tokens so far.
+- **Log-probs** are vLLM's ``processed_logprobs``: ``log_softmax(logits / temperature)`` of the
+  sampled token, as the trainer computes them (with ``top_p < 1`` vLLM reports the
+  log-prob renormalised over the nucleus; the built-in engine reports the unfiltered one).
+
+The version label, the epoch fence and the stamp are exactly the built-in engine's: the ONE
+``finalize_and_resume_engines`` stamps this engine like any other.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from actors.engine_state import EngineState
+from actors.hf_policy import HFPolicyConfig, hf_config, read_checkpoint
+from actors.policy import PolicyError
+from actors.rollout_engine import SamplingParams
+from actors.task import AdditionTask
+from actors.vllm_weights import EngineWeights
+from actors.weight_sync import tensors_checksum
+from orchestrator.rollout.types import Prompt, Sample, SampleStatus
+
+__all__ = ["VLLM_ENGINE_ACTOR_OPTIONS", "VLLM_ENVIRONMENT", "VLLMEngine"]
+
+CONTROL = "control"
+VLLM_ENGINE_ACTOR_OPTIONS: dict[str, Any] = {
+    "num_cpus": 0.5,
+    "max_concurrency": 32,  # concurrent generate calls (they wait on the stepping thread)
+    "concurrency_groups": {CONTROL: 4},
+}
+VLLM_ENVIRONMENT: dict[str, str] = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core lives in this process
+    "TORCH_COMPILE_DISABLE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # a shared small machine: no core pinning
+    "VLLM_NO_USAGE_STATS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+_DEFAULT_KV_CACHE_BYTES = 64 << 20
+
+
+@dataclass
+class _Track:
+    """One sample in flight: one vLLM request."""
+
+    request_id: str
+    start_version: int
+    tokens: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "abort" once finished
+
+
+class VLLMEngine:
+    """One vLLM engine: the model of ``policy.model_dir``, a sampler, a version and a fence.
+
+    Thread-safe: ``generate`` runs in many threads while control calls arrive. Lock order:
+    ``_engine_lock`` (every call into vLLM) before ``state.lock``.
+    """
+
+    def __init__(
+        self,
+        engine_id: str,
+        policy: HFPolicyConfig | dict[str, Any],
+        seed: int = 0,
+        task: AdditionTask | None = None,
+        sampling: SamplingParams | dict[str, Any] | None = None,
+        partial_rollout: bool = False,
+        paused_wait_timeout_s: float = 60.0,
+        kv_cache_bytes: int = _DEFAULT_KV_CACHE_BYTES,
+    ) -> None:
+        """Start vLLM on ``policy.model_dir`` (float32, eager, in-process); version 0 = the
+        directory's weights, which the trainer must also start from.
+
+        Raises:
+            PolicyError: no Llama checkpoint in the directory.
+            ValueError: invalid sampling parameters.
+        """
+        os.environ.update(VLLM_ENVIRONMENT)
+        self.engine_id = engine_id
+        self.policy = HFPolicyConfig.from_value(policy)
+        self.task = task or AdditionTask()
+        self.sampling = SamplingParams.from_value(sampling)
+        self.pause_mode = "in_place" if partial_rollout else "abort"
+        self.paused_wait_timeout_s = paused_wait_timeout_s
+        config = hf_config(self.policy.model_dir)
+        self.max_model_len = int(config.max_position_embeddings)
+        self.weights = EngineWeights(read_checkpoint(self.policy.model_dir),
+                                     self.policy.lora_alpha,
+                                     bool(getattr(config, "tie_word_embeddings", False)))
+        started = time.monotonic()
+        self._llm = _start_vllm(self.policy.model_dir, seed, self.max_model_len, kv_cache_bytes)
+        self.startup_s = time.monotonic() - started
+        self.state = EngineState(engine_id)
+        self.state.counters["generated_tokens"] = 0
+        self._engine_lock = threading.Lock()
+        self._tracks: dict[str, _Track] = {}
+        self._request_ids = itertools.count()
+        self._closed = False
+        self._stepper = threading.Thread(target=self._step_loop, name="vllm-step", daemon=True)
+        self._stepper.start()
+
+    def pid(self) -> int:
+        """The process id of this engine (tests and drills kill it from outside)."""
+        return os.getpid()
+
+    # ---------------------------------------------------------------------------- sampling
+
+    def generate(self, prompt: Prompt, n_samples: int, group_index: int) -> list[Sample]:
+        """Sample ``n_samples`` responses to ``prompt`` (see :mod:`actors.engine_protocol`).
+
+        Raises:
+            ValueError: ``n_samples < 1`` or the prompt leaves no room for a response.
+        """
+        if n_samples < 1:
+            raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+        room = min(self.sampling.max_new_tokens, self.max_model_len - len(prompt.tokens))
+        if room < 1:
+            raise ValueError(f"prompt of {len(prompt.tokens)} tokens leaves no room to answer")
+        tracks = self._submit(prompt, n_samples, room)
+        if tracks is None:  # still paused after the wait: nothing was started
+            version = self.state.version
+            empty = [_Track("", version, versions=[version], finish_reason="abort")
+                     for _ in range(n_samples)]
+            return self._samples(prompt, group_index, empty)
+        try:
+            self._wait(tracks)
+        finally:
+            with self.state.lock:
+                for track in tracks:
+                    self._tracks.pop(track.request_id, None)
+                self.state.in_flight -= 1
+                if any(t.finish_reason == "abort" for t in tracks):
+                    self.state.counters["aborted_calls"] += 1
+                self.state.lock.notify_all()
+        return self._samples(prompt, group_index, tracks)
+
+    def _submit(self, prompt: Prompt, n_samples: int, max_tokens: int) -> list[_Track] | None:
+        """Add the requests once the engine is not paused; None if it stayed paused."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = VLLMSamplingParams(
+            n=1, max_tokens=max_tokens, temperature=self.sampling.temperature,
+            top_p=self.sampling.top_p, logprobs=0, detokenize=False,
+            stop_token_ids=[self.task.tokenizer.eos_id], output_kind=RequestOutputKind.DELTA,
+        )
+        deadline = time.monotonic() + self.paused_wait_timeout_s
+        while True:
+            with self.state.lock:
+                if not self.state.wait_unpaused(deadline):
+                    self.state.counters["generate_calls"] += 1
+                    self.state.counters["aborted_calls"] += 1
+                    return None
+            with self._engine_lock, self.state.lock:
+                if self.state.paused:
+                    continue  # paused again in between: wait again
+                self.state.counters["generate_calls"] += 1
+                self.state.in_flight += 1
+                version = self.state.version
+                tracks = [_Track(f"{self.engine_id}-{next(self._request_ids)}", version,
+                                 versions=[version]) for _ in range(n_samples)]
+                for track in tracks:
+                    self._tracks[track.request_id] = track
+                    self._llm.add_request(track.request_id,
+                                          TokensPrompt(prompt_token_ids=list(prompt.tokens)),
+                                          params)
+                self.state.lock.notify_all()  # wake the stepping thread
+                return tracks
+
+    def _wait(self, tracks: list[_Track]) -> None:
+        """Until every track finished; a call parked past the paused-wait timeout is aborted
+        with its tokens so far."""
+        while True:
+            with self.state.lock:
+                if all(t.finish_reason for t in tracks):
+                    return
+                if not self.state.parked_too_long(self.paused_wait_timeout_s):
+                    self.state.lock.wait(timeout=0.5)
+                    continue
+            self._abort(tracks)
+
+    def _abort(self, tracks: list[_Track]) -> None:
+        with self._engine_lock, self.state.lock:
+            unfinished = [t for t in tracks if t.finish_reason is None]
+            if unfinished:
+                self._llm.abort_request([t.request_id for t in unfinished])
+            for track in unfinished:
+                track.finish_reason = "abort"
+            self.state.lock.notify_all()
+
+    def _step_loop(self) -> None:
+        """The one thread that steps vLLM: one token per running request per step."""
+        while True:
+            with self.state.lock:
+                while not self._closed and (self.state.paused or not self._unfinished()):
+                    self.state.lock.wait(timeout=1.0)
+                if self._closed:
+                    return
+            with self._engine_lock:
+                with self.state.lock:
+                    if self.state.paused:
+                        continue
+                    version = self.state.version
+                outputs = self._llm.step()
+                with self.state.lock:
+                    self._deliver(outputs, version)
+
+    def _unfinished(self) -> bool:
+        return any(t.finish_reason is None for t in self._tracks.values())
+
+    def _deliver(self, outputs: list[Any], version: int) -> None:
+        """Must hold both locks. Append each request's new tokens, stamped with ``version``."""
+        for output in outputs:
+            track = self._tracks.get(output.request_id)
+            if track is None or track.finish_reason is not None:
+                continue
+            completion = output.outputs[0]
+            for index, token in enumerate(completion.token_ids):
+                track.tokens.append(int(token))
+                track.log_probs.append(float(completion.logprobs[index][token].logprob))
+                track.token_versions.append(version)
+            self.state.counters["generated_tokens"] += len(completion.token_ids)
+            if completion.token_ids and version not in track.versions:
+                track.versions.append(version)
+            if output.finished:
+                track.finish_reason = completion.finish_reason or "stop"
+        self.state.lock.notify_all()
+
+    def _samples(self, prompt: Prompt, group_index: int, tracks: list[_Track]) -> list[Sample]:
+        samples = []
+        for row, track in enumerate(tracks):
+            if track.finish_reason == "abort":
+                status = SampleStatus.ABORTED
+            elif track.tokens and track.tokens[-1] == self.task.tokenizer.eos_id:
+                status = SampleStatus.COMPLETED
+            else:
+                status = SampleStatus.TRUNCATED
+            reward = 0.0 if status is SampleStatus.ABORTED else self.task.reward(prompt,
+                                                                                 track.tokens)
+            samples.append(Sample(
+                index=group_index * len(tracks) + row,
+                group_index=group_index,
+                prompt_tokens=list(prompt.tokens),
+                response_tokens=list(track.tokens),
+                rollout_log_probs=list(track.log_probs),
+                reward=reward,
+                status=status,
+                weight_versions=list(track.versions),
+                token_versions=list(track.token_versions),
+                metadata={"engine_id": self.engine_id, "prompt_index": prompt.index,
+                          "label": prompt.label},
+            ))
+        return samples
+
+    # ---------------------------------------------------------------------------- control
+
+    @ray.method(concurrency_group=CONTROL)
+    def begin_update(self, epoch: int) -> dict[str, Any]:
+        """Adopt ``epoch`` and pause per the pause mode; returns when no step runs.
+
+        Raises:
+            StaleEpochError: ``epoch`` is below the highest seen; nothing changes.
+        """
+        with self.state.lock:
+            self.state.check_epoch("begin_update", epoch)
+            self.state.updating = True
+        self.pause()
+        return self.health()
+
+    @ray.method(concurrency_group=CONTROL)
+    def pause(self) -> int:
+        """Stop stepping at the next token boundary: in-flight requests are aborted (pause mode
+        ``abort``) or frozen in vLLM's scheduler (``in_place``). Returns the calls in flight."""
+        with self.state.lock:
+            self.state.pause()
+        with self._engine_lock:
+            with self.state.lock:
+                in_flight = self.state.in_flight
+                unfinished = [t for t in self._tracks.values() if t.finish_reason is None]
+            if self.pause_mode == "abort":
+                if unfinished:
+                    self._llm.abort_request([t.request_id for t in unfinished])
+                with self.state.lock:
+                    for track in unfinished:
+                        track.finish_reason = "abort"
+                    self.state.lock.notify_all()
+            else:
+                self._core().pause_scheduler(mode="keep", clear_cache=False)
+        return in_flight
+
+    @ray.method(concurrency_group=CONTROL)
+    def load_weights(self, tensors: dict[str, Any], epoch: int, transport: str = "full") -> str:
+        """Reload the paused engine's weights in place (HF names); returns the sha256 of the
+        tensors as received. The version label does not change.
+
+        Raises:
+            StaleEpochError: ``epoch`` is below the highest seen; nothing changes.
+            EngineStateError: the engine is not paused.
+            PolicyError: names or shapes do not match the model; nothing changes.
+            ValueError: unknown transport.
+        """
+        with self._engine_lock:
+            with self.state.lock:
+                self.state.check_epoch("load_weights", epoch)
+                self.state.require_paused("load weights")
+            plan = self.weights.plan(tensors, transport)
+            self._llm.collective_rpc("reload_weights",
+                                     kwargs={"weights_iterator": list(plan.reload.items())})
+            if not self._llm.reset_prefix_cache(reset_running_requests=True):
+                raise PolicyError(f"engine {self.engine_id}: vLLM refused to reset its prefix "
+                                  "cache after a weight reload")
+            self.weights.record(plan)
+            with self.state.lock:
+                self.state.counters["weight_loads"] += 1
+        return tensors_checksum(plan.received)
+
+    @ray.method(concurrency_group=CONTROL)
+    def update_weight_version(self, version: int, epoch: int) -> str:
+        """Stamp the loaded weights with the committed ``version``; returns the engine id.
+
+        Raises:
+            StaleEpochError: ``epoch`` is below the highest seen; nothing changes.
+            VersionLabelError: ``version`` is not an int >= 0; nothing changes.
+        """
+        with self.state.lock:
+            self.state.stamp(version, epoch)
+        return self.engine_id
+
+    @ray.method(concurrency_group=CONTROL)
+    def continue_generation(self, epoch: int | None = None) -> None:
+        """Resume: waiting calls start, frozen requests continue under the loaded weights.
+
+        Raises:
+            StaleEpochError: ``epoch`` is below the highest seen; the engine stays paused.
+        """
+        with self._engine_lock:
+            with self.state.lock:
+                if epoch is not None:
+                    self.state.check_epoch("continue_generation", epoch)
+            self._core().resume_scheduler()
+            with self.state.lock:
+                self.state.resume()
+
+    @ray.method(concurrency_group=CONTROL)
+    def weights_checksum(self, adapters_only: bool = False) -> str:
+        """sha256 of the engine's logical weights (all, or the last adapters) by HF name."""
+        with self._engine_lock:
+            return tensors_checksum(self.weights.tensors(adapters_only))
+
+    @ray.method(concurrency_group=CONTROL)
+    def health(self) -> dict[str, Any]:
+        """A snapshot: id, pid, engine, version, epoch, paused, pause mode, in flight, ..."""
+        with self.state.lock:
+            return {**self.state.snapshot(), "backend": "vllm", "engine": "vllm",
+                    "pause_mode": self.pause_mode, "startup_s": round(self.startup_s, 3)}
+
+    def close(self) -> None:
+        """Stop the stepping thread (the engine is freed with the actor)."""
+        with self.state.lock:
+            self._closed = True
+            self.state.lock.notify_all()
+        self._stepper.join(timeout=5.0)
+
+    def _core(self) -> Any:
+        """The in-process ``EngineCore`` (its scheduler pause has no ``LLMEngine`` wrapper)."""
+        return self._llm.engine_core.engine_core
+
+
+def _start_vllm(model_dir: str, seed: int, max_model_len: int, kv_cache_bytes: int) -> Any:
+    """An in-process vLLM ``LLMEngine`` on CPU in float32, eager, with processed log-probs."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    arguments = EngineArgs(
+        model=model_dir, dtype="float32", enforce_eager=True, seed=seed,
+        max_model_len=max_model_len, kv_cache_memory_bytes=kv_cache_bytes,
+        logprobs_mode="processed_logprobs", disable_log_stats=True,
+    )
+    return LLMEngine.from_engine_args(arguments)
