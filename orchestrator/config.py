@@ -19,6 +19,7 @@ Where the ledger lives when ``db`` is unset is a run convention, not an option: 
 
 from __future__ import annotations
 
+import enum
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -26,9 +27,17 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-__all__ = ["ConfigError", "RunConfig"]
+__all__ = ["ConfigError", "RunConfig", "Tracker"]
 
 _RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class Tracker(enum.StrEnum):
+    """An experiment tracker a run can log to (``--tracker``, repeatable)."""
+
+    NONE = "none"
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
 
 
 class ConfigError(ValueError):
@@ -105,8 +114,22 @@ class RunConfig(BaseModel):
     seed: int = Field(default=1234, ge=0, description="seed of the task, model and sampling")
 
     # Training and weight transport.
-    backend: Literal["megatron", "torch"] = Field(
-        default="torch", description="trainer backend of the cells and engines"
+    backend: Literal["megatron", "torch", "hf"] = Field(
+        default="torch",
+        description="trainer backend of the cells (and of built-in engines): torch, megatron, or "
+                    "hf (a transformers Llama, with --engine vllm); with --engine vllm, "
+                    "megatron builds a Llama-architecture GPTModel published under HF names",
+    )
+    engine: Literal["builtin", "vllm"] = Field(
+        default="builtin",
+        description="rollout engine: the built-in sampler, or vLLM (pip install -e '.[vllm]'; "
+                    "with --backend hf or megatron)",
+    )
+    model: str | None = Field(
+        default=None,
+        description="local save_pretrained directory of a Llama for --engine vllm whose "
+                    "tokenizer speaks the task's symbols (default: a tiny random one made for "
+                    "the task under the run directory; nothing is downloaded)",
     )
     transport: Literal["full", "lora"] = Field(
         default="full", description="weights a publish sends: all parameters or the LoRA adapter"
@@ -146,6 +169,14 @@ class RunConfig(BaseModel):
         default=False, description="generate only while the trainer waits (no overlap)"
     )
 
+    # Experiment tracking.
+    tracker: list[Tracker] = Field(
+        default=[],
+        description="where metrics go besides metrics.jsonl, repeatable: none, tensorboard "
+                    "(event files under the run directory), wandb (offline unless WANDB_MODE "
+                    "says otherwise); pip install -e '.[tracking]'",
+    )
+
     @field_validator("run_id")
     @classmethod
     def _check_run_id(cls, value: str | None) -> str | None:
@@ -173,6 +204,18 @@ class RunConfig(BaseModel):
                 f"rollout_batch_size: {self.rollout_batch_size} cannot feed {self.num_cells} "
                 "cells: every cell needs at least one group per step"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_engine(self) -> RunConfig:
+        # vLLM serves Llama checkpoints (HF names); the built-in engine builds the GPT policy.
+        if self.engine == "vllm" and self.backend == "torch":
+            raise ValueError("backend: --engine vllm serves a Llama checkpoint: use --backend "
+                             "hf or megatron")
+        if self.engine == "builtin" and (self.backend == "hf" or self.model is not None):
+            raise ValueError("engine: --backend hf and --model need --engine vllm")
+        if Tracker.NONE in self.tracker and len(set(self.tracker)) > 1:
+            raise ValueError("tracker: 'none' cannot be combined with a tracker")
         return self
 
     @property
