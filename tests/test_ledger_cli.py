@@ -11,7 +11,7 @@ import hashlib
 import json
 import subprocess
 import sys
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
 import pytest

@@ -5,31 +5,17 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from ledger import Ledger
+from tests.ledger_helpers import read_versions, start_commit_loop
 
 PROCESSES = 8
 COMMITS_EACH = 200
 KILLS = 20
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def start_commit_loop(url: str, run_id: str, epoch: int, count: int, out: Path):
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.ledger_helpers", url, run_id, "cell-0", str(epoch),
-         str(count), str(out)],
-        cwd=REPO_ROOT,
-    )
-
-
-def read_versions(path: Path) -> list[int]:
-    return [int(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture

@@ -89,6 +89,77 @@ class LedgerContract:
                 cell_id="cell-0", epoch=epoch, idempotency_key="k",
             )
 
+    @pytest.mark.parametrize(
+        "change, field",
+        [
+            ({"cell_id": "cell-1"}, "cell"),
+            ({"epoch": 2}, "epoch"),
+            ({"train_step": 2}, "train_step"),
+            ({"checksum": "sha256:other"}, "checksum"),
+            ({"transport": "lora", "adapter": "lora-r4"}, "transport"),
+            ({"adapter": "lora-r8"}, "adapter"),
+        ],
+    )
+    def test_key_reused_with_other_parameters_is_refused_and_writes_nothing(
+        self, published, change: dict, field: str
+    ):
+        ledger, epoch = published
+        base = {"cell_id": "cell-0", "epoch": epoch, "train_step": 1, "transport": "lora",
+                "adapter": "lora-r4", "checksum": "sha256:one"}
+        if field == "transport":
+            base.update(transport="full", adapter=None)
+        first = ledger.commit_weights(RUN, idempotency_key="commit:1", **base)
+        before = dump_tables(ledger)
+
+        with pytest.raises(IdempotencyConflictError) as refused:
+            ledger.commit_weights(RUN, idempotency_key="commit:1", **{**base, **change})
+
+        assert first == 1
+        assert f"{field} " in str(refused.value) and "at seq 3" in str(refused.value)
+        assert dump_tables(ledger) == before
+        assert ledger.commit_weights(RUN, idempotency_key="commit:1", **base) == first
+
+    def test_a_retry_may_differ_in_what_it_observed(self, published):
+        ledger, epoch = published
+        ledger.commit_weights(RUN, cell_id="cell-0", epoch=epoch, train_step=1)
+        stamped = ledger.append(
+            RUN, "engines_stamped", {"version": 1, "engine_ids": ["e0", "e1"]},
+            cell_id="cell-0", epoch=epoch, idempotency_key="stamp:1",
+        )
+        aborted = ledger.append(
+            RUN, "weight_update_aborted",
+            {"train_step": 2, "transport": "full", "reason": "engine e1 died"},
+            cell_id="cell-0", epoch=epoch, idempotency_key="abort:2",
+        )
+        before = dump_tables(ledger)
+
+        again_stamped = ledger.append(  # e1 died between the attempts
+            RUN, "engines_stamped", {"version": 1, "engine_ids": ["e0"]},
+            cell_id="cell-0", epoch=epoch, idempotency_key="stamp:1",
+        )
+        again_aborted = ledger.append(
+            RUN, "weight_update_aborted",
+            {"train_step": 2, "transport": "full", "reason": "timeout"},
+            cell_id="cell-0", epoch=epoch, idempotency_key="abort:2",
+        )
+
+        assert (again_stamped, again_aborted) == (stamped, aborted)
+        assert dump_tables(ledger) == before
+        with pytest.raises(IdempotencyConflictError, match="version 1 != 0"):
+            ledger.append(
+                RUN, "engines_stamped", {"version": 0, "engine_ids": ["e0"]},
+                cell_id="cell-0", epoch=epoch, idempotency_key="stamp:1",
+            )
+
+    def test_a_promotion_retried_with_its_key_returns_its_epoch(self, published):
+        ledger, _ = published
+        second = ledger.promote(RUN, "cell-1", reason="failover", idempotency_key="promote:2")
+        assert ledger.promote(
+            RUN, "cell-1", reason="failover", idempotency_key="promote:2"
+        ) == second == 2
+        with pytest.raises(IdempotencyConflictError, match="cell 'cell-1' != 'cell-2'"):
+            ledger.promote(RUN, "cell-2", reason="failover", idempotency_key="promote:2")
+
     def test_commit_from_fenced_epoch_writes_nothing(self, ledger: Ledger):
         epoch_a = ledger.promote(RUN, "cell-a")
         ledger.commit_weights(RUN, cell_id="cell-a", epoch=epoch_a, train_step=1)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ledger import FencedError, Ledger
+from ledger import FencedError, IdempotencyConflictError, Ledger
 
 CELLS = ["cell-0", "cell-1", "cell-2"]
 _run_ids = itertools.count()
@@ -66,11 +66,28 @@ class LedgerMachine(RuleBasedStateMachine):
         stored = next(
             e for e in self.ledger.events(self.run_id) if e.idempotency_key == key
         )
+        # A true retry repeats every parameter (issue 13: a key reused with another train step
+        # is a conflict, checked in reuse_key_with_another_step).
         version = self.ledger.commit_weights(
-            self.run_id, cell_id=stored.cell_id, epoch=stored.epoch, train_step=0,
-            idempotency_key=key,
+            self.run_id, cell_id=stored.cell_id, epoch=stored.epoch,
+            train_step=stored.payload["train_step"], idempotency_key=key,
         )
         assert version == self.keys[key]
+
+    @precondition(lambda self: self.keys)
+    @rule(data=st.data())
+    def reuse_key_with_another_step(self, data) -> None:
+        key = data.draw(st.sampled_from(sorted(self.keys)))
+        stored = next(
+            e for e in self.ledger.events(self.run_id) if e.idempotency_key == key
+        )
+        head_before = self.ledger.head(self.run_id)
+        with pytest.raises(IdempotencyConflictError):
+            self.ledger.commit_weights(
+                self.run_id, cell_id=stored.cell_id, epoch=stored.epoch,
+                train_step=stored.payload["train_step"] + 1, idempotency_key=key,
+            )
+        assert self.ledger.head(self.run_id) == head_before
 
     @rule(cell=st.sampled_from(CELLS), epoch_back=st.integers(min_value=0, max_value=3))
     def commit_as_anyone(self, cell: str, epoch_back: int) -> None:
