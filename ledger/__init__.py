@@ -16,7 +16,7 @@ from ledger.errors import (
 )
 from ledger.events import Event, EventKind, Head
 from ledger.projections import RunState, fold
-from ledger.redact import redact_text, redact_url
+from ledger.redact import redact_secrets, redact_text, redact_url, url_without_password
 from ledger.report import compact_ranges
 from ledger.store import Ledger, RunSummary
 from ledger.witness import Witness, check_witness, read_witnesses
@@ -41,6 +41,8 @@ __all__ = [
     "compact_ranges",
     "fold",
     "read_witnesses",
+    "redact_secrets",
     "redact_text",
     "redact_url",
+    "url_without_password",
 ]

@@ -19,7 +19,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
-__all__ = ["PASSWORD_MASK", "contains_secret", "redact_secrets", "redact_text", "redact_url"]
+__all__ = [
+    "PASSWORD_MASK",
+    "contains_secret",
+    "redact_secrets",
+    "redact_text",
+    "redact_url",
+    "url_without_password",
+]
 
 PASSWORD_MASK = "***"
 
@@ -66,6 +73,23 @@ def redact_url(url: str | sa.URL) -> str:
 def _is_password_key(key: object) -> bool:
     name = str(key).lower()
     return name in _PASSWORD_NAMES or name.endswith(("_password", "-password"))
+
+
+def url_without_password(url: str | sa.URL) -> str:
+    """The URL with its password removed, not masked: the form to print in a command meant to
+    be run (``LEDGER_DB=... ledger verify``), the password then coming from ``PGPASSWORD`` or
+    ``~/.pgpass`` (a masked ``***`` would be sent as the password). Never raises.
+    """
+    try:
+        parsed = url if isinstance(url, sa.URL) else sa.make_url(url)
+    except (sa.exc.ArgumentError, ValueError, TypeError):
+        return redact_text(str(url))
+    query = {
+        key: value for key, value in parsed.query.items()
+        if not _KEYWORD_PASSWORD.match(f"{key}=x")
+    }
+    bare = parsed._replace(password=None).set(query=query).render_as_string(hide_password=False)
+    return redact_text(bare)
 
 
 def redact_secrets(value: Any) -> Any:

@@ -10,8 +10,9 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
-from ledger import Ledger, redact_text, redact_url
+from ledger import Ledger, redact_text, redact_url, url_without_password
 from ledger.cli.app import app
+from ledger.cli.args import audit_command
 from ledger.connection import translate
 from tests.cli_scenario import RUN_ID, build_run
 from tests.ledger_helpers import dump_tables
@@ -119,3 +120,25 @@ def test_no_error_prints_the_password_of_its_url(url: str, fragment: str):
     assert result.exit_code == 2
     assert fragment in result.stderr
     assert PASSWORD not in result.output
+
+
+def test_url_without_password_is_runnable_and_secret_free():
+    url = (f"postgresql+psycopg://trainer:{PASSWORD}@db:5432/runs?password={PASSWORD}"
+           "&sslmode=require")
+    assert url_without_password(url) == (
+        "postgresql+psycopg://trainer@db:5432/runs?sslmode=require"
+    )
+
+
+def test_audit_command_names_the_run_directory_or_ledger_db(tmp_path):
+    run_dir = tmp_path / "r1"
+    local = Ledger.open(f"sqlite:///{run_dir / 'ledger.db'}")
+    local.close()
+    assert audit_command(f"sqlite:///{run_dir / 'ledger.db'}", "r1", run_dir) == (
+        f"ledger verify --witness {run_dir}"
+    )
+    remote = audit_command(f"postgresql+psycopg://trainer:{PASSWORD}@db/runs", "r1", run_dir)
+    assert remote == (
+        "LEDGER_DB=postgresql+psycopg://trainer@db/runs ledger verify --run r1 "
+        f"--witness {run_dir}"
+    )

@@ -7,17 +7,26 @@ command maps it to one line on stderr and exit code 2.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from ledger.errors import LedgerError
 from ledger.events import EventKind
-from ledger.run_layout import CHECKPOINT_DIR, DEFAULT_RUNS_DIR, LEDGER_FILE, default_ledger_url
+from ledger.redact import url_without_password
+from ledger.run_layout import (
+    CHECKPOINT_DIR,
+    DEFAULT_RUNS_DIR,
+    LEDGER_DB_ENV,
+    LEDGER_FILE,
+    default_ledger_url,
+)
 
 __all__ = [
     "QueryError",
     "SeqRange",
+    "audit_command",
     "database_url",
     "ledger_beside",
     "parse_kinds",
@@ -59,6 +68,21 @@ def ledger_beside(path: str) -> str | None:
         if (candidate / LEDGER_FILE).is_file():
             return default_ledger_url(candidate)
     return None
+
+
+def audit_command(url: str, run_id: str, run_dir: Path | str) -> str:
+    """The ``ledger verify`` command line that audits ``run_id`` and checks its run directory's
+    witnesses, safe to print and ready to run: the run directory's own SQLite ledger is found
+    by ``--witness``; any other database is named through ``LEDGER_DB`` without its password
+    (libpq then reads ``PGPASSWORD`` or ``~/.pgpass``).
+    """
+    witness = shlex.quote(str(run_dir))
+    if ledger_beside(str(run_dir)) == url:
+        return f"ledger verify --witness {witness}"
+    return (
+        f"{LEDGER_DB_ENV}={shlex.quote(url_without_password(url))} ledger verify "
+        f"--run {shlex.quote(run_id)} --witness {witness}"
+    )
 
 
 @dataclass(frozen=True)
