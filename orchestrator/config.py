@@ -66,6 +66,12 @@ class RunConfig(BaseModel):
         description="SQLAlchemy URL of the ledger (default: the run directory's own SQLite "
                     "file)",
     )
+    checkpoint_dir: str | None = Field(
+        default=None,
+        description="absolute path or fsspec URL (file://, s3://, ...) where checkpoints and "
+                    "rollout-manager states go; on a cluster, storage every node reads "
+                    "(default: <run directory>/checkpoints, absolute)",
+    )
 
     # Rollout shape.
     rollout_batch_size: int = Field(
@@ -104,6 +110,17 @@ class RunConfig(BaseModel):
     # Topology.
     num_cells: int = Field(default=2, ge=1, description="training cells (independent replicas)")
     num_engines: int = Field(default=2, ge=1, description="rollout engines")
+    placement: Literal["spread", "pack"] = Field(
+        default="spread",
+        description="spread: each cell (and engine) on its own node where there are enough "
+                    "(placement group STRICT_SPREAD, else SPREAD with a warning); pack: as few "
+                    "nodes as possible",
+    )
+    rendezvous_host: str | None = Field(
+        default=None,
+        description="address the cells reach the gradient rendezvous store at (default: the "
+                    "driver node's Ray IP)",
+    )
 
     # Schedule.
     num_rollout: int = Field(default=100, ge=1, description="training steps")
@@ -193,6 +210,16 @@ class RunConfig(BaseModel):
     def _check_db(cls, value: str | None) -> str | None:
         if value is not None and "://" not in value:
             raise ValueError("must be a SQLAlchemy URL such as sqlite:///runs/x/ledger.db")
+        return value
+
+    @field_validator("checkpoint_dir")
+    @classmethod
+    def _check_checkpoint_dir(cls, value: str | None) -> str | None:
+        # Resolved in each actor's working directory, a relative path means another place on
+        # every node: only an absolute path or a URL names one place for all of them.
+        if value is not None and "://" not in value and not Path(value).is_absolute():
+            raise ValueError("must be an absolute path or an fsspec URL such as "
+                             "file:///shared/ckpt or s3://bucket/ckpt")
         return value
 
     @model_validator(mode="after")

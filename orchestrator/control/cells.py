@@ -74,11 +74,14 @@ class CellGroup:
         run_id: a started run.
         create_cell: builds one cell actor (``orchestrator.control.launch.create_cell``).
         policy: the bounds on every wait.
+        node_of: the node a cell was placed on (recorded in every ``cell_state``).
     """
 
     def __init__(self, config: RunConfig, ledger: Ledger, run_id: str,
-                 create_cell: CellFactory, policy: FailurePolicy) -> None:
+                 create_cell: CellFactory, policy: FailurePolicy, *,
+                 node_of: Callable[[str], dict[str, str]] = lambda cell_id: {}) -> None:
         self.config = config
+        self._node_of = node_of  # cell id -> {"node_id", "host"} for its cell_state events
         self.ledger = ledger
         self.run_id = run_id
         self.policy = policy
@@ -94,7 +97,7 @@ class CellGroup:
         """Create ``num_cells`` cells and record them alive (the supervisor forms the quorum)."""
         from actors.gradient_group import create_rendezvous_store
 
-        self._store, self._store_addr = create_rendezvous_store()
+        self._store, self._store_addr = create_rendezvous_store(self.config.rendezvous_host)
         for index in range(self.config.num_cells):
             cell_id = f"cell-{index}"
             self._cells[cell_id] = _Cell(cell_id, self._create_cell(self.config, cell_id))
@@ -125,7 +128,8 @@ class CellGroup:
         """Append ``cell_state`` (alive, errored, healed, stopped) with the current quorum."""
         self.ledger.append(
             self.run_id, EventKind.CELL_STATE,
-            {"state": state, "quorum_id": self._quorum_id}, cell_id=cell_id,
+            {"state": state, "quorum_id": self._quorum_id, **self._node_of(cell_id)},
+            cell_id=cell_id,
         )
 
     def mark_lost(self, cell_id: str, why: str) -> bool:

@@ -2,12 +2,25 @@
 
 Everything a run allocates is built from its :class:`RunConfig`, so a replacement actor (a
 healed cell, a restarted engine or manager) is built exactly like the original.
+
+Where an actor goes is decided by the placement (:mod:`orchestrator.control.cluster.placement`),
+which calls a factory inside :func:`scheduled`; ``create_cell`` and ``create_engine`` add the
+decided ``scheduling_strategy`` to their actor options (a factory of your own can read
+:func:`scheduling_options` too, or ignore it and be scheduled by Ray's default). The rollout
+manager goes to the driver's node when it has room (it is lost with the driver anyway).
+
+``init_ray`` without an address always starts a cluster of its own (``address="local"``),
+whatever ``ray start`` cluster runs, or ran, on the machine; with an address it joins and never
+passes resources (the cluster has its own).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,18 +30,42 @@ from orchestrator.control.errors import StartupError
 __all__ = [
     "ActorBudget",
     "StartupError",
+    "check_cluster_ledger",
     "check_cpu_budget",
     "create_cell",
     "create_engine",
     "create_rollout_manager",
     "init_ray",
     "policy_config",
+    "scheduled",
+    "scheduling_options",
     "task_for",
 ]
 
 CELL_CPUS = 0.25
 ENGINE_CPUS = 0.25
 MANAGER_CPUS = 0.1
+ROLE_CPUS = {"cell": CELL_CPUS, "engine": ENGINE_CPUS}
+
+# The scheduling decided for the actor being created (set by the placement, for one call).
+_SCHEDULING: ContextVar[dict[str, Any] | None] = ContextVar("rl_ledger_scheduling", default=None)
+
+
+@contextmanager
+def scheduled(strategy: Any) -> Iterator[None]:
+    """Actors created by ``create_cell`` / ``create_engine`` in this block use ``strategy`` (a
+    Ray scheduling strategy: placement-group bundle or node affinity)."""
+    token = _SCHEDULING.set({"scheduling_strategy": strategy})
+    try:
+        yield
+    finally:
+        _SCHEDULING.reset(token)
+
+
+def scheduling_options() -> dict[str, Any]:
+    """The actor options of the placement decided for the actor being created; ``{}`` when
+    none was (Ray's default scheduling)."""
+    return dict(_SCHEDULING.get() or {})
 
 
 @dataclass(frozen=True)
@@ -58,6 +95,7 @@ def init_ray(config: RunConfig, address: str | None = None) -> None:
         try:
             if address is None:
                 ray.init(
+                    address="local",  # our own cluster, whatever else runs on the machine
                     num_cpus=os.cpu_count() or 1,
                     include_dashboard=False,
                     log_to_driver=False,
@@ -68,6 +106,26 @@ def init_ray(config: RunConfig, address: str | None = None) -> None:
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise StartupError(f"cannot join the Ray cluster at {address}: {exc}") from None
     _check_budget(budget, float(ray.cluster_resources().get("CPU", 0.0)))
+
+
+def check_cluster_ledger(ledger_url: str, joined: bool) -> None:
+    """Before anything is written: refuse a ledger URL the cluster's nodes cannot share, then
+    (more than one node) open the ledger from every node
+    (:mod:`orchestrator.control.cluster.ledger_check`). Ray must be initialised.
+
+    Raises:
+        StartupError: one line, "use a PostgreSQL URL reachable from every node".
+    """
+    from orchestrator.control.cluster.ledger_check import (
+        check_ledger_url,
+        probe_ledger_from_every_node,
+    )
+    from orchestrator.control.cluster.nodes import live_nodes
+
+    nodes = live_nodes()
+    check_ledger_url(ledger_url, len(nodes), joined)
+    if len(nodes) > 1:
+        probe_ledger_from_every_node(ledger_url, nodes=nodes)
 
 
 def check_cpu_budget(config: RunConfig, address: str | None = None) -> None:
@@ -123,7 +181,7 @@ def create_engine(config: RunConfig, engine_id: str):
 
     from actors.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 
-    options = {**ROLLOUT_ENGINE_ACTOR_OPTIONS, "num_cpus": ENGINE_CPUS}
+    options = {**ROLLOUT_ENGINE_ACTOR_OPTIONS, "num_cpus": ENGINE_CPUS, **scheduling_options()}
     sampling = {
         "temperature": config.temperature,
         "top_p": config.top_p,
@@ -144,7 +202,7 @@ def create_cell(config: RunConfig, cell_id: str):
     from actors.grpo import GRPOConfig
     from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell
 
-    options = {**TRAIN_CELL_ACTOR_OPTIONS, "num_cpus": CELL_CPUS}
+    options = {**TRAIN_CELL_ACTOR_OPTIONS, "num_cpus": CELL_CPUS, **scheduling_options()}
     return ray.remote(**options)(TrainCell).remote(
         cell_id, config.backend, policy_config(config), seed=config.seed,
         transport=config.transport,
@@ -159,14 +217,19 @@ def create_cell(config: RunConfig, cell_id: str):
 
 
 def create_rollout_manager(config: RunConfig, ledger_url: str, run_id: str, engines: dict[str, Any]):
-    """A ``RolloutManager`` actor over a ``RayEnginePool`` of ``engines``."""
+    """A ``RolloutManager`` actor over a ``RayEnginePool`` of ``engines``, on the driver's node
+    if it has room (soft node affinity), else wherever Ray finds room."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from orchestrator.control.engine_pool import RayEnginePool
     from orchestrator.rollout.manager import RolloutManager
 
     make_prompt = functools.partial(_make_prompt, config.seed)
-    return ray.remote(num_cpus=MANAGER_CPUS)(RolloutManager).remote(
+    driver_node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(),
+                                                 soft=True)
+    options = {"num_cpus": MANAGER_CPUS, "scheduling_strategy": driver_node}
+    return ray.remote(**options)(RolloutManager).remote(
         ledger_url, run_id, config, make_prompt, RayEnginePool(engines)
     )
 

@@ -11,6 +11,9 @@ declared once and nothing else retries or restarts:
   :class:`~orchestrator.control.errors.SupervisionLimitError`, never a loop.
 - ``heartbeat_timeout_s``: how long a cell or engine may stay silent before it is lost; every
   wait on an actor is bounded by it (plus ``step_grace_s`` for calls that compute).
+- ``actor_start_timeout_s``: how long a replacement actor may take to start on the node it
+  was placed on; one that dies or does not start in time is placed again on another node, at
+  most ``max_attempts`` times (a node that is dying is probed for ``heartbeat_timeout_s``).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class FailurePolicy:
     max_restarts: int = 10
     restart_window_s: float = 600.0
     manager_call_timeout_s: float = 60.0
+    actor_start_timeout_s: float = 180.0
 
     @classmethod
     def from_config(cls, config: RunConfig) -> FailurePolicy:

@@ -26,11 +26,13 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from ledger import Ledger
+from ledger import EventKind, Ledger
 from ledger.run_layout import RunLayout
 from orchestrator.config import RunConfig
 from orchestrator.control import launch
 from orchestrator.control.cells import CellFactory, CellGroup, is_actor_loss
+from orchestrator.control.cluster.placement import Placement
+from orchestrator.control.cluster.storage import CheckpointStore
 from orchestrator.control.errors import NoCellAliveError, StepFailedError
 from orchestrator.control.policy import FailurePolicy, RestartBudget, RetryableFailure
 from orchestrator.control.provenance import write_manager_state_from_ledger
@@ -79,13 +81,16 @@ class Supervisor:
         self.run_id = config.run_id
         self.layout = layout
         self.policy = policy or FailurePolicy.from_config(config)
-        self.cells = CellGroup(config, ledger, self.run_id, create_cell, self.policy)
+        self.placement = Placement(config, self.policy)  # first on bundles, then live nodes
+        self.storage = CheckpointStore.of(config, layout)  # what every node reads
+        self.cells = CellGroup(config, ledger, self.run_id, self.placement.placed(
+            create_cell, "cell"), self.policy, node_of=self.placement.node_fields)
         self.engines: dict[str, Any] = {}
         self.manager: Any = None
         self.counters = SupervisionCounters()
         # Prompts of a drained batch the driver holds and has not recorded as trained yet.
         self.prompts_in_hand: set[int] = set()
-        self._create_engine = create_engine
+        self._create_engine = self.placement.placed(create_engine, "engine")
         self._budget = RestartBudget(self.policy)
         self._engines_awaiting_weights: list[str] = []
         self._publisher: tuple[str, int] | None = None
@@ -157,9 +162,9 @@ class Supervisor:
             return self._publisher
         if not alive:
             raise NoCellAliveError("no train cell is alive to publish")
-        epoch = self.ledger.promote(self.run_id, alive[0],
-                                    reason=reason if head.epoch else "start",
-                                    previous_cell=head.publisher_cell)
+        epoch = self.ledger.append(self.run_id, EventKind.CELL_PROMOTED, {  # promote + node
+            "reason": reason if head.epoch else "start", "previous_cell": head.publisher_cell,
+            **self.placement.node_fields(alive[0])}, cell_id=alive[0]).epoch
         self.counters.promotions += 1
         level = logging.INFO if reason == "start" else logging.WARNING
         logger.log(level, "cell %s promoted to publisher, epoch %d", alive[0], epoch)
@@ -178,8 +183,9 @@ class Supervisor:
         if not alive:
             raise NoCellAliveError("no train cell is alive to publish")
         head = self.ledger.head(self.run_id)
-        epoch = self.ledger.promote(self.run_id, alive[0], reason=reason,
-                                    previous_cell=head.publisher_cell)
+        epoch = self.ledger.append(self.run_id, EventKind.CELL_PROMOTED, {  # promote + node
+            "reason": reason, "previous_cell": head.publisher_cell,
+            **self.placement.node_fields(alive[0])}, cell_id=alive[0]).epoch
         self.counters.promotions += 1
         self._publisher = (alive[0], epoch)
         return epoch
@@ -377,7 +383,7 @@ class Supervisor:
             ray.kill(self.manager, no_restart=True)
         except Exception:  # noqa: BLE001 - it is gone already
             pass
-        path = self.layout.manager_state_from_ledger_path
+        path = self.storage.manager_state_from_ledger_path
         write_manager_state_from_ledger(self.ledger, self.run_id, path,
                                         held=self.prompts_in_hand)
         self.start_manager(str(path))
@@ -437,3 +443,4 @@ class Supervisor:
                 ray.kill(engine, no_restart=True)
             except Exception:  # noqa: BLE001
                 pass
+        self.placement.release()
