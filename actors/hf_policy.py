@@ -246,7 +246,9 @@ def _causal_lm_class() -> type[nn.Module]:
 
             backend = "hf"
 
-            def forward(self, tokens: torch.Tensor, **_: Any) -> torch.Tensor:  # type: ignore[override]
+            def forward(  # type: ignore[override]
+                self, tokens: torch.Tensor, **_: Any
+            ) -> torch.Tensor:
                 return super().forward(input_ids=tokens, use_cache=False).logits
 
         _CAUSAL_LM_CLASS = HFCausalLM

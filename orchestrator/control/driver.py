@@ -41,6 +41,8 @@ from orchestrator.control.provenance import ProvenanceRecorder, write_manager_st
 from orchestrator.control.publisher import Publisher
 from orchestrator.control.step_record import StepRecorder
 from orchestrator.control.supervisor import Supervisor
+from orchestrator.control.tracking import open_tracker
+from orchestrator.control.vllm_launch import resolve_model
 from orchestrator.rollout.types import RolloutFnTrainOutput
 
 __all__ = ["JobOptions", "JobResult", "StartupError", "TrainingJob", "new_run_id", "run_job"]
@@ -117,6 +119,7 @@ def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
     # Absolute: the actors open it too, and a worker's directory is not the driver's.
     ledger_url = config.db or default_ledger_url(layout.run_dir.resolve())
     config = config.model_copy(update={"run_id": run_id, "db": ledger_url})
+    config = resolve_model(config, layout.run_dir)  # --engine vllm: the Llama every actor loads
     launch.init_ray(config, options.ray_address)
     launch.check_cluster_ledger(ledger_url, joined=options.ray_address is not None)
     ledger = Ledger.open(ledger_url)
@@ -173,7 +176,8 @@ class TrainingJob:
         self.supervisor = Supervisor(config, ledger, layout,
                                      create_engine=options.engine_factory)
         self.publisher = Publisher(self.supervisor, self.hooks, job=self)
-        self.recorder = StepRecorder(layout.metrics_path, self.run_id)
+        self.tracker = open_tracker(config, layout.run_dir)
+        self.recorder = StepRecorder(layout.metrics_path, self.run_id, tracker=self.tracker)
         self.provenance = ProvenanceRecorder(ledger, self.run_id)
         self.step = 0
 
@@ -201,6 +205,7 @@ class TrainingJob:
         """Open the run, start everything, train ``num_rollout`` steps, finish with an audit."""
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
         self.open_run()
+        self.tracker.start(self.config, self.run_id, self.ledger.head(self.run_id))
         self.supervisor.start_engines()
         self.supervisor.start_cells()
         first_step, manager_state = 0, None
@@ -356,12 +361,16 @@ class TrainingJob:
                ) -> dict[str, Any]:
         """Write the step's metrics line; returns it."""
         self.supervisor.note_negative_staleness(int(batch.metrics.get(NEGATIVE_STALENESS_KEY, 0)))
-        return self.recorder.record(
+        record = self.recorder.record(
             step, batch, train, self.ledger.head(self.run_id), published_version=version,
             cells_alive=len(self.supervisor.cells.alive_ids()),
             quorum_id=self.supervisor.cells.quorum_id, step_started=step_started,
             timings=timings, negative_staleness_total=self.negative_staleness_total,
         )
+        # Promotions, failovers, resumes: markers in the trackers at the step they were seen.
+        self.tracker.log_ledger_events(
+            self.ledger.events(self.run_id, start_seq=self.tracker.next_seq), step + 1)
+        return record
 
     # ------------------------------------------------------------------ the end
 
@@ -410,8 +419,9 @@ class TrainingJob:
         return path
 
     def shutdown(self) -> None:
-        """Stop the producer, the cells and the engines (best effort)."""
+        """Stop the producer, the cells and the engines (best effort); close the trackers."""
         self.supervisor.stop()
+        self.tracker.finish(self.ledger, self.run_id, self.step + 1)
 
 
 class _BatchStream:

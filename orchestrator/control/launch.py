@@ -176,7 +176,11 @@ def policy_config(config: RunConfig):
 
 def create_engine(config: RunConfig, engine_id: str):
     """A ``RolloutEngine`` actor with the run's policy, task, sampling parameters and pause
-    mode (``partial_rollout``: in_place, else abort)."""
+    mode (``partial_rollout``: in_place, else abort); a ``VLLMEngine`` with ``--engine vllm``."""
+    if config.engine == "vllm":
+        from orchestrator.control.vllm_launch import create_vllm_engine
+
+        return create_vllm_engine(config, engine_id, ENGINE_CPUS)
     import ray
 
     from actors.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
@@ -196,7 +200,11 @@ def create_engine(config: RunConfig, engine_id: str):
 def create_cell(config: RunConfig, cell_id: str):
     """A ``TrainCell`` actor with the run's policy, optimizer and transport, bound to the
     run's ledger (``config.db``, ``config.run_id``) for publishing. The ``lora`` transport
-    trains only the adapters, at ``lora_lr``."""
+    trains only the adapters, at ``lora_lr``. With ``--engine vllm``, a ``LlamaTrainCell``."""
+    if config.engine == "vllm":
+        from orchestrator.control.vllm_launch import create_llama_cell
+
+        return create_llama_cell(config, cell_id, CELL_CPUS)
     import ray
 
     from actors.grpo import GRPOConfig

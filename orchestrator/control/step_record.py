@@ -12,6 +12,7 @@ from typing import Any
 from ledger import Head
 from ledger.run_layout import LEDGER_HEAD_KEY, REWARD_KEY, WEIGHT_VERSION_KEY
 from ledger.witness import Witness
+from orchestrator.control.tracking import RunTracker
 from orchestrator.rollout.types import RolloutFnTrainOutput
 
 __all__ = ["StepRecorder"]
@@ -22,8 +23,9 @@ class StepRecorder:
     ledger head it saw (a witness: ``ledger verify --witness`` and ``--resume`` compare it with
     the ledger, so a database restored from an older backup is caught)."""
 
-    def __init__(self, metrics_path: Path, run_id: str) -> None:
+    def __init__(self, metrics_path: Path, run_id: str, tracker: RunTracker | None = None) -> None:
         self.metrics_path = metrics_path
+        self.tracker = tracker  # TensorBoard / W&B: each record is logged there too
         self.run_id = run_id
         self.rewards: list[float] = []
         self._started = time.monotonic()
@@ -59,6 +61,8 @@ class StepRecorder:
         record[LEDGER_HEAD_KEY] = Witness.of_head(self.run_id, head).to_dict()
         with self.metrics_path.open("a", encoding="utf-8") as sink:
             sink.write(json.dumps(record, default=str) + "\n")
+        if self.tracker is not None:
+            self.tracker.log_step(step + 1, record)
         return record
 
     def reward_window(self) -> tuple[float, float]:

@@ -1,0 +1,104 @@
+"""Ray details of ``--engine vllm``: the run's Llama, vLLM engine actors, Llama train cells.
+
+:mod:`orchestrator.control.launch` dispatches here when ``config.engine == "vllm"``. Every
+engine and cell of such a run is built from one local ``save_pretrained`` directory,
+``config.model``, which :func:`resolve_model` fixes before anything starts: the user's
+directory, or a tiny random Llama and tokenizer for the task made under the run directory
+(cached: a resumed run finds the same model). Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import RunConfig
+from orchestrator.control.errors import StartupError
+
+__all__ = ["MODEL_DIR_NAME", "create_llama_cell", "create_vllm_engine", "llama_policy",
+           "resolve_model"]
+
+MODEL_DIR_NAME = "model"
+
+
+def resolve_model(config: RunConfig, run_dir: Path) -> RunConfig:
+    """The config with ``model`` set to the absolute directory every actor loads.
+
+    Unchanged for the built-in engine. Otherwise checks that vLLM is installed, makes the task
+    model under ``run_dir/model`` when no ``--model`` was given, and checks that the model's
+    tokenizer speaks the task's symbols.
+
+    Raises:
+        StartupError: vLLM is not installed, or the model cannot serve the task.
+    """
+    if config.engine != "vllm":
+        return config
+    if importlib.util.find_spec("vllm") is None:
+        raise StartupError("--engine vllm needs vLLM: pip install -e '.[vllm]' "
+                           "(make install-vllm does it with the CPU torch)")
+    from actors.hf_policy import check_task_vocabulary, ensure_task_model
+    from actors.policy import PolicyError
+    from actors.task import TOKENIZER
+
+    try:
+        if config.model is None:
+            model_dir = ensure_task_model(run_dir / MODEL_DIR_NAME, TOKENIZER.symbols,
+                                          seed=config.seed)
+        else:
+            model_dir = Path(config.model)
+        check_task_vocabulary(model_dir, TOKENIZER.symbols)
+    except PolicyError as exc:
+        raise StartupError(str(exc)) from None
+    return config.model_copy(update={"model": str(Path(model_dir).resolve())})
+
+
+def llama_policy(config: RunConfig):
+    """The Llama every cell and engine of the run builds (LoRA only with ``lora``).
+
+    Raises:
+        StartupError: ``config.model`` is not set (call :func:`resolve_model` first).
+    """
+    from actors.hf_policy import HFPolicyConfig
+
+    if config.model is None:
+        raise StartupError("no model directory: resolve_model() must run before actors start")
+    rank = config.lora_rank if config.transport == "lora" else 0
+    return HFPolicyConfig(model_dir=config.model, lora_rank=rank, lora_alpha=config.lora_alpha)
+
+
+def create_vllm_engine(config: RunConfig, engine_id: str, num_cpus: float,
+                       **actor_options: Any):
+    """A ``VLLMEngine`` actor with the run's model, task, sampling and pause mode."""
+    import ray
+
+    from actors.task import AdditionTask
+    from actors.vllm_engine import VLLM_ENGINE_ACTOR_OPTIONS, VLLMEngine
+
+    options = {**VLLM_ENGINE_ACTOR_OPTIONS, "num_cpus": num_cpus, **actor_options}
+    sampling = {"temperature": config.temperature, "top_p": config.top_p,
+                "max_new_tokens": config.max_response_len}
+    return ray.remote(**options)(VLLMEngine).remote(
+        engine_id, llama_policy(config), seed=config.seed, task=AdditionTask(seed=config.seed),
+        sampling=sampling, partial_rollout=config.partial_rollout,
+    )
+
+
+def create_llama_cell(config: RunConfig, cell_id: str, num_cpus: float, **actor_options: Any):
+    """A ``LlamaTrainCell`` actor (``hf`` or ``megatron`` backend) bound to the run's ledger,
+    with the optimizer and objective ``launch.create_cell`` gives built-in cells."""
+    import ray
+
+    from actors.grpo import GRPOConfig
+    from actors.llama_cell import LLAMA_CELL_ACTOR_OPTIONS, LlamaTrainCell
+
+    options = {**LLAMA_CELL_ACTOR_OPTIONS, "num_cpus": num_cpus, **actor_options}
+    return ray.remote(**options)(LlamaTrainCell).remote(
+        cell_id, config.backend, llama_policy(config), seed=config.seed,
+        transport=config.transport,
+        learning_rate=config.lora_lr if config.transport == "lora" else config.lr,
+        grpo=GRPOConfig(clip_low=config.eps_clip, clip_high=config.eps_clip_high,
+                        temperature=config.temperature),
+        collective_timeout_s=config.heartbeat_timeout_s,
+        ledger_url=config.db, run_id=config.run_id,
+    )
