@@ -27,7 +27,9 @@ unless a flag is given.
 Exit codes: 0 done; 1 the job or a drill failed; 2 bad input (unknown option or command, bad
 value, unreadable or invalid config, unknown config key, unreachable database, fewer CPUs than
 actors, unknown drill), always as one line ``orchestrator: error: ...`` on stderr, never a
-traceback; 130 interrupted.
+traceback; 130 interrupted. A run that fails (a step failed on every attempt, a replacement
+limit of the failure policy reached) prints ``orchestrator: run failed: ...`` and exits 1; its
+ledger ends with ``run_failed``.
 """
 
 from __future__ import annotations
@@ -132,8 +134,13 @@ def run_command(
         raise UserError("--resume needs --run-id of the run to continue")
     options = JobOptions(resume=resume, ray_address=ray_address, runs_dir=runs_dir,
                          progress=progress)
-    with _as_user_error(StartupError, LedgerError):
-        result = run_job(config, options)
+    from orchestrator.control.errors import StepFailedError, SupervisionLimitError
+
+    try:
+        with _as_user_error(StartupError, LedgerError):
+            result = run_job(config, options)
+    except (StepFailedError, SupervisionLimitError) as exc:  # recorded as run_failed
+        _fail(f"run failed: {' '.join(str(exc).split())}", EXIT_FAILED)
     print_run_summary(result)
     if not result.ok:
         raise typer.Exit(EXIT_FAILED)

@@ -337,6 +337,7 @@ class TrainingJob:
         no checkpoint: the ledger's ``batch_trained`` events are its record."""
         path = self.layout.checkpoint_path(train_step)  # its witness stays in the run directory
         self.publisher.save_checkpoint(self.supervisor.storage.checkpoint_url(train_step))
+        path.parent.mkdir(parents=True, exist_ok=True)  # with --checkpoint-dir elsewhere
         write_checkpoint_witness(path, Witness.of_head(self.run_id, self.ledger.head(self.run_id)))
 
     def record_provenance(self, step: int, batch: RolloutFnTrainOutput, trainer_version: int,
