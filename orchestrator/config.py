@@ -160,7 +160,7 @@ class RunConfig(BaseModel):
         description="LoRA scale numerator: adapter output is scaled by alpha / rank",
     )
     lora_lr: float = Field(
-        default=2e-2, gt=0.0, le=1.0,
+        default=5e-3, gt=0.0, le=1.0,
         description="learning rate of the LoRA adapters (with --transport lora; --lr is for "
                     "full weights)",
     )
