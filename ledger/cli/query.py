@@ -122,6 +122,46 @@ def replay(url: str, run_id: str | None) -> tuple[dict[str, Any], RunState]:
         return run_header(run_id, head), fold(run_id, reader.events(run_id, 1, head.seq))
 
 
+@dataclass
+class _Nodes:
+    """The node each cell and engine was last recorded on (``node_id``, ``host`` in the
+    payloads of ``cell_state``, ``cell_promoted`` and ``engines_stamped``; a run from before
+    placement was recorded has none)."""
+
+    cells: dict[str, dict[str, str]]
+    engines: dict[str, dict[str, str]]
+
+    @classmethod
+    def of(cls, events: list[Event]) -> _Nodes:
+        cells: dict[str, dict[str, str]] = {}
+        engines: dict[str, dict[str, str]] = {}
+        for event in events:
+            payload = event.payload
+            if event.kind in ("cell_state", "cell_promoted") and event.cell_id:
+                if "node_id" in payload:
+                    cells[event.cell_id] = _node(payload)
+            elif event.kind == "engines_stamped":
+                for engine_id, node in (payload.get("engine_nodes") or {}).items():
+                    engines[engine_id] = _node(node)
+        return cls(cells, engines)
+
+
+def _node(fields: dict[str, Any]) -> dict[str, str]:
+    return {"node_id": fields.get("node_id"), "host": fields.get("host")}
+
+
+_NO_NODE = {"node_id": None, "host": None}
+
+
+def _replay_with_nodes(url: str, run_id: str | None
+                       ) -> tuple[dict[str, Any], RunState, _Nodes]:
+    """:func:`replay`, plus where each cell and engine was last recorded (one snapshot)."""
+    with _snapshot(url) as (ledger, reader):
+        run_id, head = _select_run(ledger, reader, run_id)
+        events = list(reader.events(run_id, 1, head.seq))
+    return run_header(run_id, head), fold(run_id, events), _Nodes.of(events)
+
+
 # ---------------------------------------------------------------------- one function per command
 
 
@@ -295,8 +335,9 @@ def verify(url: str, run_id: str | None, witnesses: list[str] | None = None) -> 
 
 
 def cells(url: str, run_id: str | None) -> dict[str, Any]:
-    """Per cell: state, epochs held, promotions, last event (from a replay of the run)."""
-    header, state = replay(url, run_id)
+    """Per cell: state, epochs held, promotions, last event, and the node it was last recorded
+    on (from a replay of the run)."""
+    header, state, nodes = _replay_with_nodes(url, run_id)
     return {
         "header": header,
         "cells": [
@@ -309,6 +350,7 @@ def cells(url: str, run_id: str | None) -> dict[str, Any]:
                 "last_seq": cell.last_seq,
                 "last_kind": cell.last_kind,
                 "last_recorded_at": _time(cell.last_recorded_at),
+                **nodes.cells.get(cell.cell_id, _NO_NODE),
             }
             for cell in sorted(state.cells.values(), key=lambda view: view.cell_id)
         ],
@@ -316,8 +358,9 @@ def cells(url: str, run_id: str | None) -> dict[str, Any]:
 
 
 def lag(url: str, run_id: str | None) -> dict[str, Any]:
-    """Per engine: the newest version it was stamped with, the head, and the lag between."""
-    header, state = replay(url, run_id)
+    """Per engine: the newest version it was stamped with, the head, the lag between, and the
+    node it was last stamped on."""
+    header, state, nodes = _replay_with_nodes(url, run_id)
     head_version = header["version"]
     return {
         "header": header,
@@ -328,6 +371,7 @@ def lag(url: str, run_id: str | None) -> dict[str, Any]:
                 "head_version": head_version,
                 "lag": head_version - engine.stamped_version,
                 "last_seq": engine.last_seq,
+                **nodes.engines.get(engine.engine_id, _NO_NODE),
             }
             for engine in sorted(state.engines.values(), key=lambda view: view.engine_id)
         ],

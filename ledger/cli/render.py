@@ -106,6 +106,13 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _node(row: dict[str, Any]) -> str:
+    """A node as ``host/abcdef12`` (host and the start of the Ray node id), or ``-``."""
+    if not row.get("node_id"):
+        return "-"
+    return f"{row.get('host') or '?'}/{row['node_id'][:8]}"
+
+
 def _when(iso: str | None) -> str:
     """A stored (naive UTC) ISO time as ``2026-11-29T10:00:00.123Z``."""
     if iso is None:
@@ -293,13 +300,14 @@ def print_cells(answer: dict[str, Any], output: str, out: TextIO) -> None:
     if output == "json":
         print_json(answer, out)
         return
-    table = _table("CELL", "STATE", "EPOCHS", "PROMOTIONS", "LAST SEQ", "LAST EVENT", "LAST AT")
+    table = _table("CELL", "STATE", "EPOCHS", "PROMOTIONS", "LAST SEQ", "LAST EVENT", "LAST AT",
+                   "NODE")
     for cell in answer["cells"]:
         table.add_row(
             cell["cell_id"], cell["state"],
             ",".join(str(epoch) for epoch in cell["epochs"]) or "-",
             _text(cell["promotions"]), _text(cell["last_seq"]), cell["last_kind"] or "-",
-            _when(cell["last_recorded_at"]),
+            _when(cell["last_recorded_at"]), _node(cell),
         )
     _print_table(out, table)
     if not answer["cells"]:
@@ -310,11 +318,12 @@ def print_lag(answer: dict[str, Any], output: str, out: TextIO) -> None:
     if output == "json":
         print_json(answer, out)
         return
-    table = _table("ENGINE", "STAMPED", "HEAD", "LAG", "LAST SEQ")
+    table = _table("ENGINE", "STAMPED", "HEAD", "LAG", "LAST SEQ", "NODE")
     for engine in answer["engines"]:
         table.add_row(
             engine["engine_id"], _text(engine["stamped_version"]),
             _text(engine["head_version"]), _text(engine["lag"]), _text(engine["last_seq"]),
+            _node(engine),
         )
     _print_table(out, table)
     if not answer["engines"]:
