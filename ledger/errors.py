@@ -7,10 +7,10 @@
     ├── UnknownRunError           a run id the ledger has never started
     ├── SchemaError               no ledger schema, or one older/newer than this code
     ├── LedgerUnavailableError    the database cannot be reached (transient; writes retry)
-    └── IdempotencyConflictError  a key reused for a different event
+    └── IdempotencyConflictError  a key reused with other parameters (kind, cell, epoch, ...)
 
 Driver errors (SQLAlchemy, sqlite3, psycopg) are translated into :class:`LedgerError` in one
-place, the store's transaction scope. Every class pickles with its arguments, so errors raised
+place, the exit of :func:`ledger.connection.transaction`, with credentials redacted. Every class pickles with its arguments, so errors raised
 inside a Ray actor arrive intact in the caller.
 """
 
@@ -81,4 +81,6 @@ class LedgerUnavailableError(LedgerError):
 
 
 class IdempotencyConflictError(LedgerError):
-    """An idempotency key already names a different event; nothing was written."""
+    """An idempotency key already names an event with other parameters (kind, cell, epoch,
+    train step, transport, adapter, checksum or version); nothing was written. A retry must
+    repeat the call exactly; a new event needs a new key."""
