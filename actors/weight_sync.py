@@ -20,6 +20,7 @@ tests and tools).
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,7 +116,12 @@ def _raise_first(results: Sequence[Any]) -> None:
 
 
 def begin_engine_update(engines: Sequence[Any], epoch: int) -> list[dict[str, Any]]:
-    """Step 2: every engine adopts ``epoch``, pauses and drains. Returns their health.
+    """Step 2: every engine adopts ``epoch`` and pauses. Returns their health.
+
+    What happens to generation in flight is each engine's pause mode
+    (:mod:`actors.engine_protocol`): ``abort`` returns it ABORTED, ``in_place`` (partial
+    rollout) parks it at a token boundary to continue under the new weights after
+    :func:`finalize_and_resume_engines`. Either way no engine computes when this returns.
 
     Raises:
         StaleEpochError: an engine has seen a newer epoch (the caller is a zombie publisher);
@@ -156,11 +162,14 @@ def transfer_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor], e
 
 @dataclass
 class FinalizeReport:
-    """Which engines were stamped and resumed, and which failed (engine index -> error)."""
+    """Which engines were stamped and resumed, and which failed (engine index -> error), and
+    how long the two halves took (``stamp_s``, ``resume_s``: wall seconds, all engines)."""
 
     version: int
     stamped_engine_ids: list[str] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)
+    stamp_s: float = 0.0
+    resume_s: float = 0.0
 
 
 def finalize_and_resume_engines(engines: Sequence[Any], version: int,
@@ -176,11 +185,12 @@ def finalize_and_resume_engines(engines: Sequence[Any], version: int,
         StaleEpochError: an engine has seen a newer epoch (the caller is fenced; engines that
             were stamped are still resumed by the newer publisher, not here).
     """
+    started = time.perf_counter()
     results = _call_all(engines, "update_weight_version", version, epoch)
     for result in results:
         if isinstance(result, StaleEpochError):
             raise result
-    report = FinalizeReport(version=version)
+    report = FinalizeReport(version=version, stamp_s=time.perf_counter() - started)
     stamped: list[int] = []
     for index, result in enumerate(results):
         if isinstance(result, BaseException):
@@ -188,7 +198,9 @@ def finalize_and_resume_engines(engines: Sequence[Any], version: int,
         else:
             report.stamped_engine_ids.append(str(result))
             stamped.append(index)
+    started = time.perf_counter()
     resumed = _call_all([engines[i] for i in stamped], "continue_generation", epoch)
+    report.resume_s = time.perf_counter() - started
     for index, result in zip(stamped, resumed):
         if isinstance(result, StaleEpochError):
             raise result

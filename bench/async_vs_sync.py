@@ -1,25 +1,25 @@
-"""Fully-async against --sync on the same short run, and publisher-death-to-next-commit time.
+"""Fully-async against --sync on the same short run: time per step, waste, the overlap bound.
 
-    python bench/async_vs_sync.py [--steps 30] [--kills 3] [--backend torch]
-                                  [--device-ms-per-token 15]
+    python bench/async_vs_sync.py [--steps 30] [--repeats 3] [--engines cpu device]
+                                  [--device-ms-per-token 15] [--kills 3] [--quick]
 
-Both modes run the same config on a local Ray cluster. Wall time per step is the mean of
-steps after a warm-up (the first steps include actor start-up); samples/s counts trained
-samples. Target: fully-async at most 0.75x the sync time per step.
+Three modes (``sync``, ``async``, ``async+partial``, see ``bench/_jobs.py``) run the same
+config on one local Ray cluster, in alternating order (the order rotates every repeat), at
+least ``--repeats`` times each, side by side, for each engine set-up (``cpu``: the built-in
+engines on the trainer's cores; ``device``: engines that model their own accelerator). Per
+run: seconds per step and trained samples per second over the steps after a warm-up, and the
+waste (groups, and response tokens, generated but screened out instead of trained, over all
+generated). Per mode: the median and the spread (min-max) over the repeats.
 
-Two engine set-ups are measured side by side:
+The overlap bound comes from the sync runs' phase timings (median over repeats):
+``max(generate, train + update) / (generate + train + update)``, the best async/sync ratio
+that overlapping generation with training and the update could give. "vs bound" is the async
+ratio divided by it (1.00 = all the overlap there is).
 
-- ``cpu``: the real engines, sampling on the same two CPU cores the trainer cells use. Both
-  modes are compute-bound on the same cores, so overlapping generation with training cannot
-  shorten a step here: it only moves the contention (the trainer's step time grows by what
-  the engines take).
-- ``device``: the same engines, plus a fixed wait per decoded token that stands for the decode
-  step running on an accelerator of its own (the deployment fully-async RL is built for, and
-  the one a CPU-only machine cannot show). The wait holds no core, so generation overlaps
-  training as it would on separate GPUs. This engine is a benchmark double, defined here.
+``--kills N`` also SIGKILLs the publisher N times in one fully-async run and reports the time
+from each kill to the next ``weight_committed`` in the ledger.
 
-The failover figure kills the publisher's worker process (SIGKILL) several times in one run and
-measures the time from each kill to the next ``weight_committed`` in the ledger.
+Prints tables; asserts nothing (benchmarks on a shared machine are noisy: read the spread).
 """
 
 from __future__ import annotations
@@ -35,63 +35,17 @@ from pathlib import Path
 
 import ray
 
+from _jobs import (
+    MODES,
+    engine_factory,
+    machine_line,
+    median_spread,
+    run_mode,
+    run_stats,
+)
 from ledger import Ledger
-from actors.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
-from orchestrator.control import launch
 from orchestrator.config import RunConfig
 from orchestrator.control.driver import JobOptions, TrainingJob, run_job
-
-WARMUP_STEPS = 3
-
-
-class DeviceLatencyEngine(RolloutEngine):
-    """A RolloutEngine whose every decode step also waits ``device_s_per_token``, without
-    holding a core: the time an accelerator of its own would spend on that step. Like a real
-    engine it notices an abort (a weight update's pause) at the next token."""
-
-    device_s_per_token = 0.015
-
-    def _before_token(self) -> None:
-        time.sleep(self.device_s_per_token)
-
-
-def device_engine_factory(seconds_per_token: float):
-    """An ``engine_factory`` for run_job building DeviceLatencyEngine actors."""
-
-    def create(config: RunConfig, engine_id: str):
-        engine_class = type("DeviceEngine", (DeviceLatencyEngine,),
-                            {"device_s_per_token": seconds_per_token})
-        options = {**ROLLOUT_ENGINE_ACTOR_OPTIONS, "num_cpus": launch.ENGINE_CPUS}
-        sampling = {"temperature": config.temperature, "top_p": config.top_p,
-                    "max_new_tokens": config.max_response_len}
-        return ray.remote(**options)(engine_class).remote(
-            engine_id, config.backend, launch.policy_config(config), seed=config.seed,
-            task=launch.task_for(config), sampling=sampling,
-        )
-
-    return create
-
-
-def step_times(metrics_path: Path) -> tuple[float, float]:
-    """Mean seconds per step and trained samples per second, after the warm-up."""
-    import json
-
-    records = [json.loads(line) for line in metrics_path.read_text().splitlines()]
-    measured = records[WARMUP_STEPS:]
-    seconds = sum(r["step_s"] for r in measured)
-    samples = sum(r["samples"] for r in measured)
-    return seconds / len(measured), samples / seconds
-
-
-def measure_mode(base: RunConfig, sync: bool, runs_dir: Path, engines: str,
-                 engine_factory) -> tuple[float, float]:
-    config = base.model_copy(
-        update={"run_id": f"bench-{engines}-{'sync' if sync else 'async'}", "sync": sync}
-    )
-    result = run_job(config, JobOptions(runs_dir=runs_dir, progress=False, plot=False,
-                                        engine_factory=engine_factory))
-    assert result.ok, result.audit_problems
-    return step_times(result.metrics_path)
 
 
 def measure_failover(base: RunConfig, kills: int, runs_dir: Path) -> list[float]:
@@ -117,44 +71,84 @@ def measure_failover(base: RunConfig, kills: int, runs_dir: Path) -> list[float]
     ]
 
 
+def rotated(modes: list[str], repeat: int) -> list[str]:
+    """The modes in the order of ``repeat``: rotated by one each repeat."""
+    shift = repeat % len(modes)
+    return modes[shift:] + modes[:shift]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--engines", nargs="+", choices=["cpu", "device"],
+                        default=["cpu", "device"])
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--device-ms-per-token", type=float, default=15.0)
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--backend", choices=["torch", "megatron"], default="torch")
-    parser.add_argument("--device-ms-per-token", type=float, default=15.0)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 6 steps, 1 repeat, device engines, no kills")
     args = parser.parse_args()
+    if args.quick:
+        args.steps, args.repeats, args.engines, args.kills = 6, 1, ["device"], 0
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 
-    base = RunConfig(num_rollout=args.steps, backend=args.backend, save_interval=1000,
-                     heartbeat_timeout_s=5.0)
+    print(f"{machine_line()}; backend {args.backend}, {args.steps} steps per run, "
+          f"{args.repeats} repeats per mode, device engines {args.device_ms_per_token:g} ms "
+          "per decode step")
+    base = RunConfig(num_rollout=args.steps, backend=args.backend, save_interval=10**6,
+                     heartbeat_timeout_s=10.0)
+    stats: dict[tuple[str, str], list] = {}
+    started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         runs_dir = Path(tmp)
-        started = time.monotonic()
-        setups = {
-            "cpu": launch.create_engine,
-            "device": device_engine_factory(args.device_ms_per_token / 1000.0),
-        }
-        rows = {
-            (engines, sync): measure_mode(base, sync, runs_dir, engines, factory)
-            for engines, factory in setups.items()
-            for sync in (True, False)
-        }
-        recoveries = measure_failover(base, args.kills, runs_dir)
-        total = time.monotonic() - started
+        for repeat in range(args.repeats):
+            for engines in args.engines:
+                factory = engine_factory(engines, args.device_ms_per_token)
+                for mode in rotated(args.modes, repeat):
+                    records = run_mode(base, mode, runs_dir, factory,
+                                       f"bench-{engines}-{mode.replace('+', '-')}-{repeat}")
+                    stats.setdefault((engines, mode), []).append(run_stats(records))
+                    row = stats[(engines, mode)][-1]
+                    print(f"  repeat {repeat} {engines:6} {mode:14} {row.s_per_step:.3f} s/step "
+                          f"waste {row.waste_groups:.1%}", flush=True)
+        recoveries = measure_failover(base, args.kills, runs_dir) if args.kills else []
+    total = time.monotonic() - started
 
-    print(f"backend {args.backend}, {args.steps} steps, {base.rollout_batch_size} groups x "
-          f"{base.n_samples_per_prompt} samples per step, {os.cpu_count()} CPUs, device engine "
-          f"{args.device_ms_per_token:g} ms per decoded token")
-    print(f"{'engines':8} {'mode':12} {'s/step':>8} {'samples/s':>10}")
-    for (engines, sync), (seconds, rate) in rows.items():
-        print(f"{engines:8} {'sync' if sync else 'fully-async':12} {seconds:8.3f} {rate:10.1f}")
-    for engines in setups:
-        ratio = rows[(engines, False)][0] / rows[(engines, True)][0]
-        verdict = "meets" if ratio <= 0.75 else "misses"
-        print(f"{engines:8} async/sync time per step: {ratio:.2f} ({verdict} the 0.75 target)")
-    print(f"publisher death -> next commit over {len(recoveries)} kills: "
-          f"median {statistics.median(recoveries):.2f} s, max {max(recoveries):.2f} s")
+    print()
+    print("| engines | mode | s/step median (min-max) | samples/s median | waste groups | "
+          "waste tokens | staleness avg | async/sync median (paired min-max) | vs bound |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for engines in args.engines:
+        sync_rows = stats.get((engines, "sync"))
+        bound = None
+        if sync_rows:
+            generate = statistics.median(r.generate_s for r in sync_rows)
+            train = statistics.median(r.train_s for r in sync_rows)
+            update = statistics.median(r.update_s for r in sync_rows)
+            bound = max(generate, train + update) / (generate + train + update)
+        for mode in args.modes:
+            rows = stats[(engines, mode)]
+            median, low, high = median_spread([r.s_per_step for r in rows])
+            ratio_text = vs_bound = "-"
+            if sync_rows and mode != "sync":
+                ratio = median / statistics.median(r.s_per_step for r in sync_rows)
+                paired = [a.s_per_step / s.s_per_step for a, s in zip(rows, sync_rows)]
+                ratio_text = f"{ratio:.2f} ({min(paired):.2f}-{max(paired):.2f})"
+                vs_bound = f"{ratio / bound:.2f}" if bound else "-"
+            print(f"| {engines} | {mode} | {median:.3f} ({low:.3f}-{high:.3f}) | "
+                  f"{statistics.median(r.samples_per_s for r in rows):.0f} | "
+                  f"{statistics.median(r.waste_groups for r in rows):.1%} | "
+                  f"{statistics.median(r.waste_tokens for r in rows):.1%} | "
+                  f"{statistics.median(r.staleness_avg for r in rows):.2f} | "
+                  f"{ratio_text} | {vs_bound} |")
+        if sync_rows:
+            print(f"| {engines} | overlap bound (sync phases: generate {generate:.3f} s, "
+                  f"train {train:.3f} s, update {update:.3f} s) | | | | | | {bound:.2f} | 1.00 |")
+    if recoveries:
+        print(f"\npublisher death -> next commit over {len(recoveries)} kills: "
+              f"median {statistics.median(recoveries):.2f} s, max {max(recoveries):.2f} s")
     print(f"(bench wall time {total:.0f} s)")
 
 

@@ -3,24 +3,37 @@
 In-process (no Ray): one RolloutEngine and one TrainCell as plain objects, with the real weight
 update path and a real SQLite ledger. Weights are published every second step, so half the
 batches are one version behind the trainer and the clipped importance ratio is exercised.
+
+With the defaults of issue 11: the engine runs with partial rollout (pause mode in_place), and
+every publish lands while two groups of the next batch are being generated, so those groups
+continue under the new weights and are trained with tokens of two versions (per-token
+versions and log-probs). With ``--transport lora``, only the adapters train, at the run's LoRA
+defaults (rank, alpha, learning rate from ``RunConfig``).
 """
 
 from __future__ import annotations
 
 import statistics
+import threading
+import time
+from dataclasses import dataclass, field
 
 import pytest
 
-from actors.policy import PolicyConfig
+from actors.policy import LORA_TARGETS, PolicyConfig
 from actors.rollout_engine import RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
 from actors.train_cell import TrainCell
 from ledger import Ledger
+from orchestrator.config import RunConfig
+from orchestrator.control.launch import policy_config
+from orchestrator.rollout.types import SampleStatus
 
 STEPS = 40
 PROMPTS_PER_STEP = 16
 SAMPLES_PER_PROMPT = 8
 PUBLISH_EVERY = 2
+STRADDLING_GROUPS = 2  # groups of the next batch in flight when a publish lands
 WINDOW = 5
 # A randomly initialised policy earns ~0.04 (format credit is rare). 40 steps reach ~0.42 on
 # both backends and seeds 0-2; the margin below is what chance does not reach.
@@ -28,42 +41,131 @@ MIN_GAIN = 0.2
 MIN_FINAL = 0.25
 
 
-@pytest.mark.parametrize("backend", ["torch", "megatron"])
-def test_short_grpo_run_raises_mean_reward(backend: str, sqlite_url: str) -> None:
+class PacedEngine(RolloutEngine):
+    """The built-in engine, slowed per decode step while ``pace_s`` is set, so that a publish
+    can land in the middle of a generation."""
+
+    pace_s = 0.0
+
+    def _before_token(self) -> None:
+        if self.pace_s:
+            time.sleep(self.pace_s)
+
+
+@dataclass
+class LearningRun:
+    rewards: list[float] = field(default_factory=list)
+    clip_fractions: list[float] = field(default_factory=list)
+    published: list[int] = field(default_factory=list)
+    spanning_samples: int = 0
+    aborted_samples: int = 0
+
+    @property
+    def first(self) -> float:
+        return statistics.mean(self.rewards[:WINDOW])
+
+    @property
+    def last(self) -> float:
+        return statistics.mean(self.rewards[-WINDOW:])
+
+
+def _publish_while_generating(engine: PacedEngine, cell: TrainCell, epoch: int,
+                              prompts: list) -> tuple[int, list]:
+    """Start generating ``prompts`` (one call each), publish once every call has decoded a
+    token, then return the version and the finished groups."""
+    groups: dict[int, list] = {}
+    engine.pace_s = 0.01
+    decoded_before = engine.health()["decode_steps"]
+    threads = [
+        threading.Thread(target=lambda p=p: groups.__setitem__(
+            p.index, engine.generate(p, SAMPLES_PER_PROMPT, p.index)))
+        for p in prompts
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while engine.health()["decode_steps"] < decoded_before + len(prompts):
+        assert time.monotonic() < deadline, "the straddling generations never started"
+        time.sleep(0.001)
+    version = cell.update_weights([engine], epoch).version
+    engine.pace_s = 0.0
+    for thread in threads:
+        thread.join(timeout=30)
+    return version, [groups[p.index] for p in prompts]
+
+
+def _learn(backend: str, sqlite_url: str, config: PolicyConfig, *, transport: str = "full",
+           learning_rate: float = 3e-3) -> tuple[LearningRun, PacedEngine, Ledger]:
     task = AdditionTask(seed=0)
-    config = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
-    engine = RolloutEngine("engine-0", backend, config, seed=0, task=task)
-    cell = TrainCell("cell-0", backend, config, seed=0, ledger_url=sqlite_url, run_id="learn")
+    engine = PacedEngine("engine-0", backend, config, seed=0, task=task, partial_rollout=True)
+    cell = TrainCell("cell-0", backend, config, seed=0, transport=transport,
+                     learning_rate=learning_rate, ledger_url=sqlite_url, run_id="learn")
     ledger = Ledger.open(sqlite_url)
     ledger.start_run("learn")
     epoch = ledger.promote("learn", "cell-0", reason="start")
 
-    rewards: list[float] = []
-    clip_fractions: list[float] = []
-    published = []
+    run = LearningRun()
     prompt_index = 0
+    carried: list = []  # groups generated across the last publish
     for step in range(STEPS):
-        groups = []
-        for _ in range(PROMPTS_PER_STEP):
+        groups = list(carried)
+        while len(groups) < PROMPTS_PER_STEP:
             prompt = task.make_prompt(prompt_index)
             groups.append(engine.generate(prompt, SAMPLES_PER_PROMPT, prompt_index))
             prompt_index += 1
+        samples = [s for group in groups for s in group]
+        run.spanning_samples += sum(1 for s in samples if s.version_span > 0)
+        run.aborted_samples += sum(1 for s in samples if s.status is SampleStatus.ABORTED)
         metrics = cell.train_step(groups)
-        rewards.append(metrics["reward_mean"])
-        clip_fractions.append(metrics["clip_fraction"])
+        run.rewards.append(metrics["reward_mean"])
+        run.clip_fractions.append(metrics["clip_fraction"])
+        carried = []
         if step % PUBLISH_EVERY == PUBLISH_EVERY - 1:
-            published.append(cell.update_weights([engine], epoch).version)
+            next_prompts = [task.make_prompt(prompt_index + i) for i in range(STRADDLING_GROUPS)]
+            prompt_index += STRADDLING_GROUPS
+            version, carried = _publish_while_generating(engine, cell, epoch, next_prompts)
+            run.published.append(version)
+    cell.close()
+    return run, engine, ledger
 
-    first, last = statistics.mean(rewards[:WINDOW]), statistics.mean(rewards[-WINDOW:])
-    print(f"{backend}: mean reward first {WINDOW} steps {first:.3f}, last {WINDOW} {last:.3f}, "
-          f"max clip fraction {max(clip_fractions):.3f}")
-    assert last >= first + MIN_GAIN, (first, last)
-    assert last >= MIN_FINAL, last
-    assert published == list(range(1, STEPS // PUBLISH_EVERY + 1))
-    assert engine.health()["version"] == published[-1]
-    assert max(clip_fractions) > 0  # stale batches were corrected by the clipped ratio
+
+@pytest.mark.parametrize("backend", ["torch", "megatron"])
+def test_short_grpo_run_raises_mean_reward(backend: str, sqlite_url: str) -> None:
+    config = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
+    run, engine, ledger = _learn(backend, sqlite_url, config)
+
+    print(f"{backend}: mean reward first {WINDOW} steps {run.first:.3f}, last {WINDOW} "
+          f"{run.last:.3f}, max clip fraction {max(run.clip_fractions):.3f}, "
+          f"{run.spanning_samples} samples trained across an update")
+    assert run.last >= run.first + MIN_GAIN, (run.first, run.last)
+    assert run.last >= MIN_FINAL, run.last
+    assert run.published == list(range(1, STEPS // PUBLISH_EVERY + 1))
+    assert engine.health()["version"] == run.published[-1]
+    assert max(run.clip_fractions) > 0  # stale batches were corrected by the clipped ratio
+    # Partial rollout: generations a publish paused went on under the new weights.
+    assert run.spanning_samples > 0
+    assert run.aborted_samples == 0
     report = ledger.verify("learn")
     assert report.ok, report.problems
     assert report.unstamped_versions == []
-    cell.close()
+    ledger.close()
+
+
+@pytest.mark.xfail(
+    "output_layer" not in LORA_TARGETS, strict=True,
+    reason="LoRA on the projections alone cannot move this from-scratch model (its reward "
+           "comes from the output layer); needs 'output_layer' in actors.policy.LORA_TARGETS",
+)
+def test_lora_run_with_its_defaults_raises_mean_reward(sqlite_url: str) -> None:
+    defaults = RunConfig(transport="lora")
+    run, engine, ledger = _learn("torch", sqlite_url, policy_config(defaults), transport="lora",
+                                 learning_rate=defaults.lora_lr)
+
+    print(f"lora (rank {defaults.lora_rank}, alpha {defaults.lora_alpha:g}, lr "
+          f"{defaults.lora_lr:g}): mean reward first {WINDOW} steps {run.first:.3f}, last "
+          f"{WINDOW} {run.last:.3f}")
+    assert run.last >= run.first + MIN_GAIN, (run.first, run.last)
+    assert run.last >= MIN_FINAL, run.last
+    assert engine.health()["version"] == run.published[-1]
+    assert ledger.verify("learn").ok
     ledger.close()

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from actors.policy import (
+    LORA_TARGETS,
     PolicyConfig,
     PolicyError,
     adapter_state_dict,
@@ -90,7 +91,9 @@ def test_lora_freezes_the_base_and_starts_as_a_no_op(backend: str) -> None:
     adapters = adapter_state_dict(lora)
 
     assert trainable == set(adapters)
-    assert len(adapters) == 2 * 4 * CONFIG.num_layers  # a, b on qkv, proj, fc1, fc2
+    # a, b on qkv, proj, fc1, fc2 of every layer (and on the output layer, when targeted)
+    per_model = ("output_layer" in LORA_TARGETS)
+    assert len(adapters) == 2 * (4 * CONFIG.num_layers + per_model)
     with torch.no_grad():
         torch.testing.assert_close(lora.eval()(_tokens()), base(_tokens()))
 
