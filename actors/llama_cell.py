@@ -77,9 +77,9 @@ class LlamaTrainCell(TrainCell):
     def __init__(self, cell_id: str, backend: str, policy: HFPolicyConfig | dict[str, Any],
                  seed: int = 0, transport: str = "full", learning_rate: float = 3e-3,
                  **cell_options: Any) -> None:
-        """Build the Llama of ``policy`` and an optimizer like ``TrainCell``'s over its
-        trainable parameters; ``cell_options`` go to :class:`TrainCell` (``grpo``,
-        ``ledger_url``, ``run_id``, ...).
+        """Build the Llama of ``policy`` and an AdamW like ``TrainCell``'s (same learning rate
+        and weight decay) over its trainable parameters; ``cell_options`` go to
+        :class:`TrainCell` (``grpo``, ``ledger_url``, ``run_id``, ...).
 
         Raises:
             ValueError: unknown transport, or ``lora`` without ``policy.lora_rank > 0``.
@@ -96,7 +96,9 @@ class LlamaTrainCell(TrainCell):
         self.policy_config = _sizes(llama)
         self.model = build_llama_policy(backend, llama, seed).train()
         self._parameters = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = type(self.optimizer)(self._parameters, **self.optimizer.defaults)
+        group = self.optimizer.param_groups[0]
+        self.optimizer = torch.optim.AdamW(self._parameters, lr=group["lr"],
+                                           weight_decay=group["weight_decay"])
         self._shape = None
         if backend == "megatron":
             from actors.megatron_llama import LlamaShape

@@ -60,7 +60,8 @@ class EngineWeights:
 
         ``full``: every checkpoint tensor, same shapes (``lm_head.weight`` may be extra when
         embeddings are tied). ``lora``: ``<projection>.lora_a`` ``[r, in]`` and ``.lora_b``
-        ``[out, r]`` pairs for projections of the checkpoint.
+        ``[out, r]`` pairs for projections of the checkpoint; the reload is the merged
+        projections, plus the base of any tensor a full update had changed.
 
         Raises:
             PolicyError: a missing, unexpected or mis-shaped tensor.
@@ -70,7 +71,11 @@ class EngineWeights:
         if transport == "full":
             return UpdatePlan(transport, received, self._check_full(received))
         if transport == "lora":
-            return UpdatePlan(transport, received, self._merge_adapters(received))
+            merged = self._merge_adapters(received)
+            # Anything a full update moved away from the base goes back to it as well.
+            restored = {name: self.base[name] for name, tensor in self.current.items()
+                        if tensor is not self.base[name] and name not in merged}
+            return UpdatePlan(transport, received, {**restored, **merged})
         raise ValueError(f"unknown transport {transport!r}; expected 'full' or 'lora'")
 
     def record(self, plan: UpdatePlan) -> None:
