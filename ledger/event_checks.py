@@ -3,9 +3,11 @@
 (1) gapless seq and an intact hash chain, (2) committed versions 1..k in seq order, (3) epochs
 that only grow and publisher events carrying the epoch current at their seq, (4) commits only
 after a promotion of their cell and never from a fenced epoch, (5) engines stamped only with
-committed versions, (6) the negative-staleness count a finished run reports. Beside these: a
-first event that is ``run_started``, known kinds, a non-null idempotency key that no other
-event of the run holds, no credential in any payload, and every witness at its seq.
+committed versions, (6) the negative-staleness count a finished run reports, and (7) the
+provenance of every training step and the prompt account (:mod:`ledger.provenance_checks`).
+Beside these: a first event that is ``run_started``, known kinds, a non-null idempotency key
+that no other event of the run holds, no credential in any payload, and every witness at its
+seq.
 
 The checker folds each event into the read model (:class:`~ledger.projections.RunState`) after
 checking it, so the table checks in :mod:`ledger.audit` compare the head row with the replay.
@@ -17,6 +19,7 @@ from collections.abc import Iterable
 
 from ledger.events import GENESIS_HASH, PUBLISHER_KINDS, Event, EventKind, event_hash
 from ledger.projections import RunState
+from ledger.provenance_checks import ProvenanceChecker
 from ledger.redact import contains_secret
 from ledger.report import Problem
 from ledger.witness import Witness, compare
@@ -40,6 +43,7 @@ class EventChecker:
         self.first_event: Event | None = None
         self.key_seqs: dict[str, int] = {}
         self.witnesses: dict[int, list[Witness]] = {}
+        self.provenance = ProvenanceChecker(self.problem)
         for witness in witnesses:
             self.witnesses.setdefault(witness.seq, []).append(witness)
 
@@ -80,6 +84,7 @@ class EventChecker:
                 self.problem(
                     event.seq, "negative_staleness", f"{negative} negative staleness values"
                 )
+        self.provenance.check(event, self.state)
         self.state.apply(event)
         self._check_witnesses(event)
 

@@ -1,4 +1,5 @@
-"""Fold a run's events into its current state: head, epochs, cells, engines, adapters.
+"""Fold a run's events into its current state: head, epochs, cells, engines, adapters, and
+provenance (steps, versions trained on, prompts: :mod:`ledger.provenance`).
 
 The fold trusts nothing it is not shown: it replays events in ``seq`` order and derives
 everything else. :mod:`ledger.audit` compares what it derives with what the head row claims.
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ledger.events import GENESIS_HASH, Event, EventKind
+from ledger.provenance import BatchView, PromptLedger, Provenance
 
 __all__ = [
     "AbortView",
@@ -105,6 +107,22 @@ class RunState:
     resumes: int = 0
     outcome: str | None = None  # "finished" or "failed" once a terminal event is folded
     failure_reason: str | None = None
+    provenance: Provenance = field(default_factory=Provenance)
+
+    @property
+    def batches(self) -> dict[int, BatchView]:
+        """Train step -> what it trained (its first ``batch_trained`` event)."""
+        return self.provenance.batches
+
+    @property
+    def trained_on(self) -> dict[int, dict[int, int]]:
+        """Version -> {train step: samples generated under that version it trained}."""
+        return self.provenance.trained_on
+
+    @property
+    def prompts(self) -> PromptLedger:
+        """The run's prompt account (issued, trained, dropped, recycled, in flight)."""
+        return self.provenance.prompts
 
     @property
     def aborted_updates(self) -> int:
@@ -135,6 +153,9 @@ class RunState:
             self.started_at = event.recorded_at
         elif kind == EventKind.RUN_RESUMED:
             self.resumes += 1
+            self.provenance.apply(event)
+        elif kind == EventKind.BATCH_TRAINED:
+            self.provenance.apply(event)
         elif kind == EventKind.CELL_PROMOTED and event.cell_id and event.epoch is not None:
             self._promote(event)
         elif kind == EventKind.CELL_STATE and event.cell_id:

@@ -12,22 +12,20 @@ is true whoever publishes next. A crash between a step's commit and its ``batch_
 leaves that step unrecorded; its prompts count as in flight and a resume trains them again
 (the weights that trained them are rolled back to the checkpoint anyway).
 
-From these events alone the ledger answers where every prompt is (:func:`prompt_ledger`), and
-a resume or a replaced rollout manager continues the prompt stream from there: no prompt
-trained twice, none skipped.
+From these events alone the ledger answers where every prompt is (:func:`prompt_ledger`, the
+fold in :mod:`ledger.provenance`, re-exported here), and a resume or a replaced rollout manager
+continues the prompt stream from there: no prompt trained twice, none skipped.
 """
 
 from __future__ import annotations
 
-import hashlib
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-
 from pathlib import Path
 
 from ledger import Event, EventKind, Ledger
+from ledger.provenance import PromptLedger, prompt_digest, prompt_ledger
 from orchestrator.rollout.manager_state import write_state
 from orchestrator.rollout.types import RolloutFnTrainOutput, Sample
 
@@ -40,57 +38,6 @@ __all__ = [
 ]
 
 _DROPPED = "dropped:"
-
-
-def prompt_digest(prompt_ids: Iterable[int]) -> str:
-    """sha256 over the sorted prompt ids of a step (match a step's exact inputs later)."""
-    text = ",".join(str(index) for index in sorted(prompt_ids))
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
-
-
-@dataclass
-class PromptLedger:
-    """Where every prompt of a run is, according to its ``batch_trained`` events."""
-
-    next_index: int = 0
-    trained: dict[int, int] = field(default_factory=dict)  # prompt -> train step
-    dropped: dict[int, str] = field(default_factory=dict)  # prompt -> reason
-    recycled: int = 0
-    last_step: int = 0
-    twice: list[int] = field(default_factory=list)  # prompts trained by two steps (a bug)
-
-    @property
-    def in_flight(self) -> list[int]:
-        """Issued prompts neither trained nor dropped (in flight, queued, or pending)."""
-        settled = self.trained.keys() | self.dropped.keys()
-        return [index for index in range(self.next_index) if index not in settled]
-
-    def dropped_by_reason(self) -> dict[str, int]:
-        return dict(sorted(Counter(self.dropped.values()).items()))
-
-    def apply(self, event: Event) -> None:
-        """Fold one ``batch_trained`` event."""
-        prompts = event.payload["prompts"]
-        step = int(event.payload["train_step"])
-        for index in prompts["trained"]:
-            if index in self.trained:
-                self.twice.append(index)
-            self.trained[int(index)] = step
-        for reason, indexes in prompts.get("dropped", {}).items():
-            for index in indexes:
-                self.dropped[int(index)] = reason
-        self.recycled += int(prompts.get("recycled", 0))
-        self.next_index = max(self.next_index, int(prompts["next_index"]))
-        self.last_step = max(self.last_step, step)
-
-
-def prompt_ledger(events: Iterable[Event]) -> PromptLedger:
-    """Fold a run's events into its :class:`PromptLedger`."""
-    accounting = PromptLedger()
-    for event in events:
-        if event.kind == EventKind.BATCH_TRAINED:
-            accounting.apply(event)
-    return accounting
 
 
 def write_manager_state_from_ledger(ledger: Ledger, run_id: str, path: Path, *,

@@ -1,0 +1,223 @@
+"""Provenance read model: what each training step trained, and where every prompt is.
+
+Each training step appends one driver-recorded ``batch_trained`` event (payload model
+:class:`ledger.events.BatchTrained`): the versions its samples were generated under (oldest
+version per sample), staleness, groups and samples, a digest of the prompt ids trained, and the
+prompts the step settled (trained, dropped by reason) with the prompt stream's position after
+it. ``run_resumed`` adds what a resume carried over (``prompts_carried_over``,
+``next_prompt_index``, ``ledger_step``).
+
+:class:`Provenance` folds those events, in seq order, into:
+
+- ``batches``: train step -> :class:`BatchView` (the first event recorded for that step; a
+  second one is what :mod:`ledger.provenance_checks` reports);
+- ``trained_on``: version -> {train step: samples generated under that version};
+- ``prompts``: the run's :class:`PromptLedger` (issued, trained, dropped by reason, recycled,
+  in flight).
+
+:class:`ledger.projections.RunState` holds one and exposes its parts as ``state.batches``,
+``state.trained_on`` and ``state.prompts``. The fold never raises on a malformed payload (it is
+skipped and counted in ``malformed``; the audit names it), so a damaged ledger still answers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from pydantic import ValidationError
+
+from ledger.events import BatchTrained, Event, EventKind
+
+__all__ = [
+    "BatchView",
+    "PromptLedger",
+    "Provenance",
+    "parse_batch",
+    "prompt_digest",
+    "prompt_ledger",
+]
+
+
+def prompt_digest(prompt_ids: Iterable[int]) -> str:
+    """sha256 over the sorted prompt ids of a step (match a step's exact inputs later)."""
+    text = ",".join(str(index) for index in sorted(prompt_ids))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class BatchView:
+    """One training step, as its ``batch_trained`` event recorded it."""
+
+    train_step: int
+    seq: int
+    recorded_at: datetime
+    trainer_version: int
+    produced_version: int | None
+    cells: tuple[str, ...]
+    groups: int
+    samples: int
+    sample_versions: dict[int, int]  # version -> samples whose oldest version it is
+    token_version_span_max: int
+    mixed_version_samples: int
+    staleness_min: int
+    staleness_avg: float
+    staleness_max: int
+    prompt_digest: str
+    prompts_trained: tuple[int, ...]
+    prompts_dropped: dict[str, tuple[int, ...]]
+    recycled: int
+    next_index: int
+
+    @property
+    def newest_sample_version(self) -> int | None:
+        """The newest version any sample of the step was generated under (None: no samples)."""
+        return max(self.sample_versions, default=None)
+
+
+def parse_batch(event: Event) -> BatchView | None:
+    """The :class:`BatchView` of a ``batch_trained`` event, or None if its payload does not fit
+    :class:`ledger.events.BatchTrained` (planted or corrupt rows; the audit reports them)."""
+    try:
+        payload = BatchTrained.model_validate(event.payload)
+        versions = {int(version): int(count)
+                    for version, count in payload.sample_versions.items()}
+    except (ValidationError, ValueError, TypeError):
+        return None
+    prompts = payload.prompts
+    return BatchView(
+        train_step=payload.train_step,
+        seq=event.seq,
+        recorded_at=event.recorded_at,
+        trainer_version=payload.trainer_version,
+        produced_version=payload.produced_version,
+        cells=tuple(payload.cells),
+        groups=payload.groups,
+        samples=payload.samples,
+        sample_versions=dict(sorted(versions.items())),
+        token_version_span_max=payload.token_version_span_max,
+        mixed_version_samples=payload.mixed_version_samples,
+        staleness_min=payload.staleness.min,
+        staleness_avg=payload.staleness.avg,
+        staleness_max=payload.staleness.max,
+        prompt_digest=payload.prompt_digest,
+        prompts_trained=tuple(prompts.trained),
+        prompts_dropped={reason: tuple(ids) for reason, ids in prompts.dropped.items()},
+        recycled=prompts.recycled,
+        next_index=prompts.next_index,
+    )
+
+
+@dataclass
+class PromptLedger:
+    """Where every prompt of a run is, according to its ``batch_trained`` events.
+
+    ``next_index`` is the prompt stream's position (prompts ``0 .. next_index - 1`` were
+    issued). A prompt is trained (by the first step that recorded it), dropped (with the first
+    reason recorded), or in flight (issued, neither: generating, queued, or pending a resume).
+    """
+
+    next_index: int = 0
+    trained: dict[int, int] = field(default_factory=dict)  # prompt -> train step
+    dropped: dict[int, str] = field(default_factory=dict)  # prompt -> reason
+    recycled: int = 0
+    last_step: int = 0
+    carried_over: int = 0  # prompts in flight at resumes, summed over every resume
+    resumes: int = 0
+    twice: list[int] = field(default_factory=list)  # prompts trained by two steps (a bug)
+
+    @property
+    def issued(self) -> int:
+        """Prompts issued so far (the stream's position)."""
+        return self.next_index
+
+    @property
+    def in_flight(self) -> list[int]:
+        """Issued prompts neither trained nor dropped (in flight, queued, or pending)."""
+        settled = self.trained.keys() | self.dropped.keys()
+        return [index for index in range(self.next_index) if index not in settled]
+
+    def dropped_by_reason(self) -> dict[str, int]:
+        """Reason -> how many prompts were dropped for it."""
+        return dict(sorted(Counter(self.dropped.values()).items()))
+
+    def apply_batch(self, batch: BatchView) -> None:
+        """Fold one step's prompt outcomes."""
+        for index in batch.prompts_trained:
+            if index in self.trained:
+                self.twice.append(index)
+            else:
+                self.trained[index] = batch.train_step
+        for reason, indexes in batch.prompts_dropped.items():
+            for index in indexes:
+                self.dropped.setdefault(index, reason)
+        self.recycled += batch.recycled
+        self.next_index = max(self.next_index, batch.next_index)
+        self.last_step = max(self.last_step, batch.train_step)
+
+    def apply_resume(self, event: Event) -> None:
+        """Fold a ``run_resumed`` event (what it carried over; its stream position)."""
+        self.resumes += 1
+        carried = event.payload.get("prompts_carried_over")
+        if isinstance(carried, int) and not isinstance(carried, bool):
+            self.carried_over += carried
+        position = event.payload.get("next_prompt_index")
+        if isinstance(position, int) and not isinstance(position, bool):
+            self.next_index = max(self.next_index, position)
+
+    def apply(self, event: Event) -> None:
+        """Fold one event (kinds other than ``batch_trained`` and ``run_resumed`` are ignored;
+        a malformed ``batch_trained`` is skipped)."""
+        if event.kind == EventKind.BATCH_TRAINED:
+            batch = parse_batch(event)
+            if batch is not None:
+                self.apply_batch(batch)
+        elif event.kind == EventKind.RUN_RESUMED:
+            self.apply_resume(event)
+
+
+def prompt_ledger(events: Iterable[Event]) -> PromptLedger:
+    """Fold a run's events (in seq order) into its :class:`PromptLedger`."""
+    accounting = PromptLedger()
+    for event in events:
+        accounting.apply(event)
+    return accounting
+
+
+@dataclass
+class Provenance:
+    """The provenance part of the read model: steps, versions trained on, prompts."""
+
+    batches: dict[int, BatchView] = field(default_factory=dict)
+    trained_on: dict[int, dict[int, int]] = field(default_factory=dict)
+    prompts: PromptLedger = field(default_factory=PromptLedger)
+    malformed: list[int] = field(default_factory=list)  # seqs of unreadable batch_trained
+
+    def apply(self, event: Event) -> BatchView | None:
+        """Fold one ``batch_trained`` or ``run_resumed`` event; returns the parsed batch."""
+        if event.kind == EventKind.RUN_RESUMED:
+            self.prompts.apply_resume(event)
+            return None
+        if event.kind != EventKind.BATCH_TRAINED:
+            return None
+        batch = parse_batch(event)
+        if batch is None:
+            self.malformed.append(event.seq)
+            return None
+        self.prompts.apply_batch(batch)
+        if batch.train_step not in self.batches:  # a repeat is an audit problem, not news
+            self.batches[batch.train_step] = batch
+            for version, count in batch.sample_versions.items():
+                self.trained_on.setdefault(version, {})[batch.train_step] = count
+        return batch
+
+    def steps_trained_on(self, version: int) -> dict[int, int]:
+        """Train step -> samples generated under ``version`` that it trained, step order."""
+        return dict(sorted(self.trained_on.get(version, {}).items()))
+
+    def fed(self, train_step: int) -> BatchView | None:
+        """The batch of ``train_step``, if recorded."""
+        return self.batches.get(train_step)
