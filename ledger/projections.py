@@ -99,6 +99,7 @@ class RunState:
     started_at: datetime | None = None
     commits: dict[int, CommitView] = field(default_factory=dict)
     stamped_versions: set[int] = field(default_factory=set)
+    stamps: dict[int, dict[str, int]] = field(default_factory=dict)  # version -> engine -> seq
     cells: dict[str, CellView] = field(default_factory=dict)
     engines: dict[str, EngineView] = field(default_factory=dict)
     promotions: list[Promotion] = field(default_factory=list)
@@ -187,7 +188,9 @@ class RunState:
         elif kind == EventKind.ENGINES_STAMPED:
             version = int(event.payload.get("version", 0))
             self.stamped_versions.add(version)
+            stamped = self.stamps.setdefault(version, {})
             for engine_id in event.payload.get("engine_ids", []):
+                stamped.setdefault(engine_id, event.seq)
                 engine = self.engines.setdefault(engine_id, EngineView(engine_id))
                 engine.stamped_version = version
                 engine.last_seq = event.seq

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 import ledger.append
 from ledger import Ledger
 from ledger.cli.app import app
-from tests.cli_scenario import build_run, frozen_clock
+from tests.cli_scenario import LINEAGE_START, build_lineage_run, build_run, frozen_clock
 
 GOLDEN = Path(__file__).parent / "golden" / "cli"
 
@@ -51,6 +51,14 @@ CASES: dict[str, list[str]] = {
     "export.csv": ["export", "--format", "csv"],
     "plot": ["plot", "-o", "<TMP>/run.png"],
     "plot.json": ["plot", "-o", "<TMP>/run.png", "--format", "json"],
+    "lineage": ["--run", "run-b", "lineage", "2"],
+    "lineage.json": ["--run", "run-b", "lineage", "2", "-o", "json"],
+    "lineage_initial": ["--run", "run-b", "lineage", "0"],
+    "lineage_step": ["--run", "run-b", "lineage", "--step", "3"],
+    "lineage_step.json": ["--run", "run-b", "lineage", "--step", "3", "-o", "json"],
+    "show_version_lineage": ["--run", "run-b", "show", "2"],
+    "prompts": ["--run", "run-b", "prompts"],
+    "prompts.json": ["--run", "run-b", "prompts", "-o", "json"],
     "db_current": ["db", "current"],
     "db_current.json": ["db", "current", "-o", "json"],
     "db_upgrade": ["db", "upgrade"],
@@ -60,12 +68,16 @@ CASES: dict[str, list[str]] = {
 
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The scenario run in ``<TMP>/ledger.db``, with its metrics beside it."""
+    """The scenario runs (run-a; run-b, the lineage story, a day older) in
+    ``<TMP>/ledger.db``, with run-a's metrics beside it."""
     base = tmp_path_factory.mktemp("golden")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ledger.append, "_utcnow", frozen_clock())
         with Ledger.open(f"sqlite:///{base / 'ledger.db'}") as writer:
             build_run(writer)
+        patch.setattr(ledger.append, "_utcnow", frozen_clock(LINEAGE_START))
+        with Ledger.open(f"sqlite:///{base / 'ledger.db'}") as writer:
+            build_lineage_run(writer)
     lines = [
         {"step": 1, "rollout/fully_async/staleness_hist": {"0": 6, "1": 2}},
         {"step": 2, "rollout/fully_async/staleness_hist": {"0": 3, "1": 4, "2": 1}},
@@ -73,9 +85,10 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (base / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     shutil.copy(base / "ledger.db", base / "tampered.db")
     with sqlite3.connect(base / "tampered.db") as conn:  # a gap and a rewritten train_step
-        conn.execute("DELETE FROM ledger_events WHERE seq = 10")
+        conn.execute("DELETE FROM ledger_events WHERE run_id = 'run-a' AND seq = 10")
         conn.execute(
-            "UPDATE ledger_events SET payload = json_set(payload, '$.train_step', 7) WHERE seq = 16"
+            "UPDATE ledger_events SET payload = json_set(payload, '$.train_step', 7) "
+            "WHERE run_id = 'run-a' AND seq = 16"
         )
     return base
 

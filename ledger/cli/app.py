@@ -34,7 +34,7 @@ from typing import Annotated
 import typer
 
 from ledger.cli import db as db_query
-from ledger.cli import query, render
+from ledger.cli import query, render, render_lineage
 from ledger.cli.args import database_url, ledger_beside
 from ledger.errors import LedgerError
 from ledger.redact import redact_text
@@ -196,6 +196,36 @@ def show(
     with _errors():
         answer = query.show(*_target(ctx, db, run), version=version, seq=seq)
     render.print_show(answer, output.value, sys.stdout)
+
+
+@app.command()
+def lineage(
+    ctx: typer.Context,
+    version: Annotated[
+        int | None, typer.Argument(help="Weight version (0: the initial weights).")
+    ] = None,
+    step: Annotated[int | None, typer.Option("--step", help="A train step instead.")] = None,
+    db: DbOption = None,
+    run: RunOption = None,
+    output: OutputOption = Output.table,
+) -> None:
+    """Who produced VERSION (cell, epoch, train step, checksum), the steps that trained on its
+    samples, the engines that served it; or, with --step N, the versions that fed step N."""
+    with _errors():
+        answer = query.lineage(*_target(ctx, db, run), version=version, step=step)
+    render_lineage.print_lineage(answer, output.value, sys.stdout)
+
+
+@app.command()
+def prompts(
+    ctx: typer.Context, db: DbOption = None, run: RunOption = None,
+    output: OutputOption = Output.table,
+) -> None:
+    """Prompts issued, trained, dropped by reason, recycled, and in flight at the last event
+    (from the ledger's batch_trained and run_resumed events alone)."""
+    with _errors():
+        answer = query.prompts(*_target(ctx, db, run))
+    render_lineage.print_prompts(answer, output.value, sys.stdout)
 
 
 @app.command()

@@ -31,6 +31,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ledger import audit
+from ledger.cli import lineage as lineage_answers
 from ledger.cli.args import QueryError, database_url, parse_kinds, parse_range, parse_time
 from ledger.errors import UnknownRunError
 from ledger.events import Event, Head
@@ -46,7 +47,9 @@ __all__ = [
     "cells",
     "database_url",
     "lag",
+    "lineage",
     "log",
+    "prompts",
     "replay",
     "run_header",
     "runs",
@@ -292,7 +295,11 @@ def show(
             missing = f"run {run_id!r} has no weight_committed event for version {version}"
         if event is None:
             raise QueryError(f"{missing} (run `ledger verify`)")
-        return {"header": run_header(run_id, head), "event": event.to_dict()}
+        answer = {"header": run_header(run_id, head), "event": event.to_dict()}
+        if version is not None:  # one line: who produced it, who trained on it, who served it
+            state = fold(run_id, reader.events(run_id, 1, head.seq))
+            answer["lineage"] = lineage_answers.version_lineage(state, version)["summary"]
+        return answer
 
 
 def verify(url: str, run_id: str | None, witnesses: list[str] | None = None) -> dict[str, Any]:
@@ -377,6 +384,26 @@ def lag(url: str, run_id: str | None) -> dict[str, Any]:
         ],
         "unstamped_versions": state.unstamped_versions,
     }
+
+
+def lineage(url: str, run_id: str | None, version: int | None = None,
+            step: int | None = None) -> dict[str, Any]:
+    """``lineage V``: who produced V, the steps that trained on it, the engines that served it;
+    ``lineage --step N``: what fed step N (:mod:`ledger.cli.lineage`)."""
+    if (version is None) == (step is None):
+        raise QueryError("lineage takes a VERSION or --step N (one of them)")
+    header, state = replay(url, run_id)
+    if version is not None:
+        return {"header": header, **lineage_answers.version_lineage(state, version)}
+    assert step is not None
+    return {"header": header, **lineage_answers.step_lineage(state, step)}
+
+
+def prompts(url: str, run_id: str | None) -> dict[str, Any]:
+    """The run's prompt account at its last event: issued, trained, dropped by reason,
+    recycled, in flight (from ``batch_trained`` and ``run_resumed`` events alone)."""
+    header, state = replay(url, run_id)
+    return {"header": header, **lineage_answers.prompt_account(state)}
 
 
 def sqlite_path(url: str) -> Path | None:

@@ -220,6 +220,8 @@ def print_show(answer: dict[str, Any], output: str, out: TextIO) -> None:
         ("hash", event["hash"]),
         ("payload", json.dumps(event["payload"], indent=2, sort_keys=True, ensure_ascii=False)),
     ]
+    if "lineage" in answer:  # `show VERSION`: the `ledger lineage VERSION` summary line
+        rows.insert(4, ("lineage", answer["lineage"]))
     _pairs(out, rows)
 
 
