@@ -76,6 +76,7 @@ _SIMPLE = {  # megatron suffix inside a layer -> HF suffix inside a layer
     "pre_mlp_layernorm": "post_attention_layernorm",
     "mlp.linear_fc2": "mlp.down_proj",
 }
+_LEAVES = ("weight", "lora_a", "lora_b")  # a biased Llama is refused before it gets here
 _TOP = {
     "embedding.word_embeddings.weight": "model.embed_tokens.weight",
     "decoder.final_layernorm.weight": "model.norm.weight",
@@ -126,6 +127,8 @@ def megatron_to_hf(tensors: dict[str, torch.Tensor], shape: LlamaShape) -> dict[
         layer, rest = match.group(1), match.group(2)
         module, _, leaf = rest.rpartition(".")
         prefix = f"model.layers.{layer}"
+        if leaf not in _LEAVES:
+            raise PolicyError(f"no Hugging Face name for megatron tensor {name!r}")
         if module in _SIMPLE:
             converted[f"{prefix}.{_SIMPLE[module]}.{leaf}"] = tensor.clone()
         elif module == "self_attention.linear_qkv":
