@@ -41,8 +41,6 @@ __all__ = [
     "DeviceLatencyEngine",
     "RunStats",
     "engine_factory",
-    "machine_line",
-    "median_spread",
     "run_mode",
     "run_stats",
     "time_to_reward",
@@ -172,19 +170,3 @@ def time_to_reward(records: list[dict[str, Any]], threshold: float, window: int 
         if statistics.fmean(rewards[end - window:end]) >= threshold:
             return records[end - 1]["step"], records[end - 1]["wall_s"] - records[0]["wall_s"]
     return None, None
-
-
-def median_spread(values: list[float]) -> tuple[float, float, float]:
-    """``(median, min, max)`` of ``values``."""
-    return statistics.median(values), min(values), max(values)
-
-
-def machine_line() -> str:
-    """Date, host CPU count and load, for the head of a results table."""
-    import datetime
-    import os
-    import platform
-
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{datetime.date.today().isoformat()}, {platform.machine()} {os.cpu_count()} CPUs "
-            f"({platform.processor() or platform.system()}), load average {load:.1f} at start")

@@ -35,14 +35,8 @@ from pathlib import Path
 
 import ray
 
-from _jobs import (
-    MODES,
-    engine_factory,
-    machine_line,
-    median_spread,
-    run_mode,
-    run_stats,
-)
+from _jobs import MODES, engine_factory, run_mode, run_stats
+from _report import machine_line, median_spread, rotated
 from ledger import Ledger
 from orchestrator.config import RunConfig
 from orchestrator.control.driver import JobOptions, TrainingJob, run_job
@@ -69,12 +63,6 @@ def measure_failover(base: RunConfig, kills: int, runs_dir: Path) -> list[float]
     return [
         (min(c for c in commits if c > kill) - kill).total_seconds() for kill in killed_at
     ]
-
-
-def rotated(modes: list[str], repeat: int) -> list[str]:
-    """The modes in the order of ``repeat``: rotated by one each repeat."""
-    shift = repeat % len(modes)
-    return modes[shift:] + modes[:shift]
 
 
 def main() -> None:

@@ -1,0 +1,36 @@
+"""Small helpers every benchmark's report uses: the machine line, medians, alternation.
+
+Imports only the standard library, so light benchmarks (ledger, drain) stay light.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+from collections.abc import Sequence
+from typing import TypeVar
+
+__all__ = ["machine_line", "median_spread", "rotated"]
+
+T = TypeVar("T")
+
+
+def machine_line() -> str:
+    """Date, CPU count and the load average at start, for the head of a results table."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{datetime.date.today().isoformat()}, {platform.machine()} {os.cpu_count()} CPUs "
+            f"({platform.system()}), load average {load:.1f} at start")
+
+
+def median_spread(values: Sequence[float]) -> tuple[float, float, float]:
+    """``(median, min, max)`` of ``values``."""
+    return statistics.median(values), min(values), max(values)
+
+
+def rotated(items: Sequence[T], repeat: int) -> list[T]:
+    """``items`` in the order of round ``repeat``: rotated by one each round, so that no
+    variant always runs first (or always right after a given other one)."""
+    shift = repeat % len(items)
+    return list(items[shift:]) + list(items[:shift])

@@ -1,0 +1,106 @@
+"""Time to a reward: sync against fully-async (without and with partial rollout).
+
+    python bench/time_to_reward.py [--steps 100] [--seeds 1 2 3] [--threshold 0.4]
+                                   [--engines cpu device] [--device-ms-per-token 15] [--quick]
+
+What a user buys fully-async for is reaching a given reward sooner, not steps per second. On
+the default task and config, each mode (``sync``, ``async``, ``async+partial``; see
+``bench/_jobs.py``) runs once per seed, in alternating order (the order rotates every seed),
+for each engine set-up. Per run: the steps and the wall seconds until the rolling mean reward
+(window 5) first reaches ``--threshold`` (seconds from the end of step 1, so the start-up and
+the first drain, the same in every mode, are left out), and the final reward (mean of the last
+5 steps). Per mode: medians over the seeds, and the ratios of the medians to sync's.
+
+Prints tables; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from _jobs import MODES, engine_factory, run_mode, run_stats, time_to_reward
+from _report import machine_line, rotated
+from orchestrator.config import RunConfig
+
+
+def _median(values: list[float | None]) -> float | None:
+    """The median of the runs that got there; None if fewer than half did."""
+    reached = [v for v in values if v is not None]
+    return statistics.median(reached) if len(reached) * 2 > len(values) else None
+
+
+def _text(value: float | None, form: str) -> str:
+    return "never" if value is None else format(value, form)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--threshold", type=float, default=0.4)
+    parser.add_argument("--window", type=int, default=5)
+    parser.add_argument("--engines", nargs="+", choices=["cpu", "device"],
+                        default=["cpu", "device"])
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--device-ms-per-token", type=float, default=15.0)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 12 steps, seed 1, threshold 0.05, device engines")
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.seeds, args.threshold, args.engines = 12, [1], 0.05, ["device"]
+    os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+
+    print(f"{machine_line()}; {args.steps} steps per run, seeds {args.seeds}, threshold "
+          f"{args.threshold:g} (rolling mean over {args.window} steps), device engines "
+          f"{args.device_ms_per_token:g} ms per decode step")
+    results: dict[tuple[str, str], list[tuple[int | None, float | None, float, float]]] = {}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        for index, seed in enumerate(args.seeds):
+            base = RunConfig(num_rollout=args.steps, seed=seed, save_interval=10**6)
+            for engines in args.engines:
+                factory = engine_factory(engines, args.device_ms_per_token)
+                for mode in rotated(args.modes, index):
+                    records = run_mode(base, mode, Path(tmp), factory,
+                                       f"ttr-{engines}-{mode.replace('+', '-')}-s{seed}")
+                    steps, seconds = time_to_reward(records, args.threshold, args.window)
+                    stats = run_stats(records)
+                    results.setdefault((engines, mode), []).append(
+                        (steps, seconds, stats.final_reward, stats.s_per_step))
+                    print(f"  seed {seed} {engines:6} {mode:14} reached at step "
+                          f"{_text(steps, 'd')} ({_text(seconds, '.1f')} s), final reward "
+                          f"{stats.final_reward:.3f}, {stats.s_per_step:.3f} s/step, "
+                          f"staleness avg {stats.staleness_avg:.2f}", flush=True)
+    total = time.monotonic() - started
+
+    print()
+    print(f"| engines | mode | steps to {args.threshold:g} (median, per seed) | seconds to "
+          f"{args.threshold:g} (median) | time ratio to sync | final reward (median) | "
+          "final ratio to sync | s/step (median) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for engines in args.engines:
+        sync = results.get((engines, "sync"))
+        sync_seconds = _median([r[1] for r in sync]) if sync else None
+        sync_final = statistics.median(r[2] for r in sync) if sync else None
+        for mode in args.modes:
+            rows = results[(engines, mode)]
+            steps = _median([r[0] for r in rows])
+            seconds = _median([r[1] for r in rows])
+            final = statistics.median(r[2] for r in rows)
+            per_seed = ", ".join(_text(r[0], "d") for r in rows)
+            time_ratio = (f"{seconds / sync_seconds:.2f}" if seconds and sync_seconds
+                          and mode != "sync" else "-")
+            final_ratio = f"{final / sync_final:.2f}" if sync_final and mode != "sync" else "-"
+            print(f"| {engines} | {mode} | {_text(steps, '.0f')} ({per_seed}) | "
+                  f"{_text(seconds, '.1f')} | {time_ratio} | {final:.3f} | {final_ratio} | "
+                  f"{statistics.median(r[3] for r in rows):.3f} |")
+    print(f"(bench wall time {total:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Every benchmark of issue 11 runs end to end in its ``--quick`` mode and prints its table.
+
+Benchmarks assert nothing about their figures (a shared machine is noisy); this only checks
+that each one still runs against the current code. All but the drain benchmark take minutes
+(Ray jobs, writer processes) and are marked slow (``make drills`` runs them, ``make test``
+does not).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def run_quick(script: str, timeout: float) -> str:
+    env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1"}
+    done = subprocess.run([sys.executable, str(BENCH / script), "--quick"], env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_drain_bench_prints_every_variant() -> None:
+    out = run_quick("drain.py", timeout=300)
+
+    for variant in ("| off |", "| ledger |", "| http-poll |", "| http-poll (no cache) |"):
+        assert variant in out, out
+
+
+@pytest.mark.slow  # spawns writer processes and uses PostgreSQL: minutes on a busy machine
+def test_ledger_append_bench_prints_sqlite_and_the_fsync_floor() -> None:
+    out = run_quick("ledger_append.py", timeout=300)
+
+    assert "| SQLite (WAL, synchronous=FULL) | 1 |" in out, out
+    assert "| SQLite (WAL, synchronous=FULL) | 4 |" in out, out
+    assert "floor p50 ms" in out and "PROBLEMS" not in out, out
+
+
+@pytest.mark.slow
+def test_weight_update_bench_splits_full_and_lora() -> None:
+    out = run_quick("weight_update.py", timeout=900)
+
+    assert "| full |" in out and "| lora |" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["async_vs_sync.py", "time_to_reward.py"])
+def test_job_benches_print_every_mode(script: str) -> None:
+    out = run_quick(script, timeout=1800)
+
+    for mode in ("| sync |", "| async |", "| async+partial |"):
+        assert mode in out, out
