@@ -28,8 +28,15 @@ test: install
 drills: install
 	$(BIN)/python -m pytest -m slow -q -ra tests
 
+# Every benchmark, in one session (the README tables come from one such run); each prints a
+# table and asserts nothing. `make bench ARGS=--quick` is a smoke run of the first five.
 bench: install
-	$(BIN)/python bench/ledger_append.py
+	$(BIN)/python bench/ledger_append.py $(ARGS)
+	$(BIN)/python bench/drain.py $(ARGS)
+	$(BIN)/python bench/weight_update.py $(ARGS)
+	$(BIN)/python bench/async_vs_sync.py $(ARGS)
+	$(BIN)/python bench/time_to_reward.py $(ARGS)
+	$(BIN)/python bench/failover.py --repeat 3
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
