@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from ledger.cli.args import audit_command
 from ledger.redact import redact_url
 
 if TYPE_CHECKING:
@@ -87,8 +88,6 @@ def print_run_summary(result: JobResult) -> None:
     console.print(f"plot:    {result.plot_path or '-'}", soft_wrap=True, highlight=False)
     for problem in result.audit_problems[:_AUDIT_PROBLEMS_SHOWN]:
         console.print(f"[red]audit:[/red] {problem}", soft_wrap=True)
-    hint = f"audit it: ledger --db {ledger_url} verify"
-    if ledger_url != result.ledger_url:
-        hint = (f"audit it: LEDGER_DB='{ledger_url}' ledger verify  (give the password "
-                "through PGPASSWORD or ~/.pgpass, never in the URL)")
+    # Runnable and safe to print: no password (libpq reads PGPASSWORD or ~/.pgpass).
+    hint = "audit it: " + audit_command(result.ledger_url, result.run_id, result.run_dir)
     console.print(hint, soft_wrap=True, highlight=False)

@@ -31,7 +31,8 @@ from orchestrator.drills import (
 )
 from orchestrator.rollout.manager import RolloutManager
 
-FAST_SQLITE = ["kill-publisher-mid-train", "kill-publisher-after-commit", "kill-engine"]
+FAST_SQLITE = ["kill-publisher-mid-train", "kill-publisher-after-commit", "kill-engine",
+               "kill-driver"]
 FAST_POSTGRES = ["database-outage", "zombie-publisher"]
 
 

@@ -45,6 +45,7 @@ from orchestrator.control.driver import JobOptions, TrainingJob
 from orchestrator.control.hooks import JobHooks
 from orchestrator.drills.checker import CheckReport, check_run, first_commit_after, seconds_between
 from orchestrator.drills.context import DrillError, FaultPlan, FaultRecord, StopRun, error_name
+from orchestrator.drills.crash import run_whole_job_crash
 from orchestrator.drills.planning import plan_drills
 from orchestrator.drills.scenarios import SCENARIOS, Scenario
 
@@ -230,7 +231,11 @@ def run_drill(plan: FaultPlan, options: DrillOptions = DrillOptions()) -> DrillR
             "scenario": plan.scenario, "point": plan.point, "step": plan.step,
             "delay_s": plan.delay_s, "hold_s": plan.hold_s, "seed": options.seed,
         })
-        job, problems = _run_jobs(drill, config)
+        if scenario.crash is not None:
+            problems = run_whole_job_crash(drill, config, options.runs_dir, scenario.crash,
+                                           options.deadline_s)
+        else:
+            job, problems = _run_jobs(drill, config)
         drill.join_background()
         report = check_run(drill.ledger, drill.run_id)
         problems += report.problems

@@ -24,6 +24,7 @@ import ray
 from ledger import FencedError
 from orchestrator.drills.checker import DrillRunState, first_commit_after
 from orchestrator.drills.context import DrillContext, StopRun, error_name
+from orchestrator.drills.crash import CRASH_POINTS, expect_prompts_once
 from orchestrator.drills.faults import (
     KillBetweenUpdateSteps,
     MidTrainKill,
@@ -53,6 +54,7 @@ class Scenario:
     inject: Injection
     expect: Expectation
     num_cells: int = 2
+    crash: str | None = None  # "driver" or "everything": the whole job dies (drills.crash)
 
 
 # ------------------------------------------------------------------------ publisher deaths
@@ -271,6 +273,30 @@ def _expect_resumed(ctx: DrillContext, job: TrainingJob | None,
     return problems
 
 
+# ------------------------------------------------------------------------ whole-job crashes
+
+def _crash_in_child(ctx: DrillContext, job: TrainingJob) -> None:
+    """Never called: a whole-job crash is injected inside the child job (drills.crash)."""
+    raise AssertionError("whole-job crashes run through orchestrator.drills.crash")
+
+
+def _expect_crash_recovered(ctx: DrillContext, job: TrainingJob | None,
+                            state: DrillRunState) -> list[str]:
+    problems = []
+    resumes = [p for p in state.promotions
+               if p.seq > ctx.record.seq_at_fault and p.reason == "resume"]
+    if not resumes:
+        problems.append("no cell_promoted reason=resume after the crash")
+    elif resumes[0].epoch <= max((p.epoch for p in state.promotions
+                                  if p.seq <= ctx.record.seq_at_fault), default=0):
+        problems.append("the resume did not take a new epoch")
+    commit = first_commit_after(state, ctx.record.seq_at_fault)
+    if commit is not None and commit.version != ctx.record.version_before + 1:
+        problems.append(f"first version after the crash is v{commit.version}, "
+                        f"expected v{ctx.record.version_before + 1}")
+    return problems + expect_prompts_once(ctx.ledger, ctx.run_id)
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s for s in (
         Scenario("kill-publisher-mid-train", ("mid-train",), (1, 2, 3), _kill_publisher,
@@ -294,6 +320,10 @@ SCENARIOS: dict[str, Scenario] = {
         # Stop after an odd step count, so the newest checkpoint (every 2 steps) is older
         # than the head.
         Scenario("resume-from-old-checkpoint", ("stop",), (2, 4), _stop_run, _expect_resumed),
+        Scenario("kill-driver", CRASH_POINTS, (1, 2, 3), _crash_in_child, _expect_crash_recovered,
+                 crash="driver"),
+        Scenario("kill-everything", CRASH_POINTS, (1, 2, 3), _crash_in_child,
+                 _expect_crash_recovered, crash="everything"),
     )
 }
 
