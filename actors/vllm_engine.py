@@ -43,6 +43,7 @@ from typing import Any
 
 import ray
 
+from actors.engine_protocol import pause_mode
 from actors.engine_state import EngineState
 from actors.hf_policy import HFPolicyConfig, hf_config, read_checkpoint
 from actors.policy import PolicyError
@@ -114,7 +115,7 @@ class VLLMEngine:
         self.policy = HFPolicyConfig.from_value(policy)
         self.task = task or AdditionTask()
         self.sampling = SamplingParams.from_value(sampling)
-        self.pause_mode = "in_place" if partial_rollout else "abort"
+        self.pause_mode = pause_mode(partial_rollout)
         self.paused_wait_timeout_s = paused_wait_timeout_s
         config = hf_config(self.policy.model_dir)
         self.max_model_len = int(config.max_position_embeddings)

@@ -83,6 +83,13 @@ def engine(ray_cluster, model_dir: str):
     ray.kill(handle, no_restart=True)
 
 
+def test_the_vllm_engine_offers_the_engine_interface() -> None:
+    from actors.engine_protocol import RolloutEngineProtocol
+
+    wanted = {name for name in dir(RolloutEngineProtocol) if not name.startswith("_")}
+    assert wanted <= set(dir(VLLMEngine)) | {"engine_id"}
+
+
 def _publisher(engine, sqlite_url: str, backend: str, policy: HFPolicyConfig,
                run_id: str) -> tuple[LlamaTrainCell, Ledger, int]:
     """A cell promoted to an epoch above every epoch the shared engine has seen."""
