@@ -120,10 +120,10 @@ def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
     ledger_url = config.db or default_ledger_url(layout.run_dir.resolve())
     config = config.model_copy(update={"run_id": run_id, "db": ledger_url})
     config = resolve_model(config, layout.run_dir)  # --engine vllm: the Llama every actor loads
-    launch.init_ray(config, options.ray_address)
-    launch.check_cluster_ledger(ledger_url, joined=options.ray_address is not None)
+    launch.check_cluster_ledger(config, ledger_url, options.ray_address)
     ledger = Ledger.open(ledger_url)
     try:
+        launch.init_ray(config, options.ray_address)
         job = TrainingJob(config, ledger, layout, options)
         try:
             return job.run()

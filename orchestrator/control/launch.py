@@ -108,22 +108,31 @@ def init_ray(config: RunConfig, address: str | None = None) -> None:
     _check_budget(budget, float(ray.cluster_resources().get("CPU", 0.0)))
 
 
-def check_cluster_ledger(ledger_url: str, joined: bool) -> None:
+def check_cluster_ledger(config: RunConfig, ledger_url: str, address: str | None = None) -> None:
     """Before anything is written: refuse a ledger URL the cluster's nodes cannot share, then
     (more than one node) open the ledger from every node
-    (:mod:`orchestrator.control.cluster.ledger_check`). Ray must be initialised.
+    (:mod:`orchestrator.control.cluster.ledger_check`).
+
+    Joins the cluster at ``address`` first (:func:`init_ray`); a cluster this job will start
+    itself (no address, Ray not initialised) is this machine alone: nothing to check.
 
     Raises:
-        StartupError: one line, "use a PostgreSQL URL reachable from every node".
+        StartupError: one line, "use a PostgreSQL URL reachable from every node"; or the
+            cluster cannot be joined.
     """
+    import ray
+
     from orchestrator.control.cluster.ledger_check import (
         check_ledger_url,
         probe_ledger_from_every_node,
     )
     from orchestrator.control.cluster.nodes import live_nodes
 
+    if address is None and not ray.is_initialized():
+        return
+    init_ray(config, address)
     nodes = live_nodes()
-    check_ledger_url(ledger_url, len(nodes), joined)
+    check_ledger_url(ledger_url, len(nodes), joined=address is not None)
     if len(nodes) > 1:
         probe_ledger_from_every_node(ledger_url, nodes=nodes)
 

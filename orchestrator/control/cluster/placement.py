@@ -28,7 +28,9 @@ which node an actor runs on.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,6 +100,10 @@ class Placement:
         self._nodes: dict[str, NodeInfo] = {}  # actor id -> the node it was placed on
         self._role_of: dict[str, str] = {}
         self._suspect: set[str] = set()  # node ids where an actor of ours was lost
+        # A placement dropped without release() (a test that stops only its cells) must not
+        # keep its CPUs reserved in a long-lived cluster.
+        self._groups: list[PlacementGroup] = []
+        weakref.finalize(self, _remove_groups, self._groups)
 
     # ------------------------------------------------------------------ the factories
 
@@ -128,11 +134,7 @@ class Placement:
 
     def release(self) -> None:
         """Remove the run's placement groups (best effort; safe to call twice)."""
-        for role in self._roles.values():
-            try:
-                remove_placement_group(role.group)
-            except Exception:  # noqa: BLE001 - gone already, or Ray is shutting down
-                logger.debug("could not remove the %s placement group", role.name, exc_info=True)
+        _remove_groups(self._groups)
         self._roles.clear()
 
     # ------------------------------------------------------------------ first placement
@@ -152,7 +154,8 @@ class Placement:
             logger.log(level, "placement: %d %ss but %d nodes with room: SPREAD (two %ss may "
                        "share a node, and be lost together)", count, role, len(with_room), role)
         group = placement_group([{"CPU": cpus}] * count, strategy=strategy,
-                                name=f"{self.run_id}-{role}s")
+                                name=f"{self.run_id}-{role}s-{secrets.token_hex(3)}")
+        self._groups.append(group)
         if not group.wait(timeout_seconds=self.policy.actor_start_timeout_s):
             remove_placement_group(group)
             raise StartupError(
@@ -264,6 +267,17 @@ class Placement:
             return max(nodes, key=lambda node: (total(node), node.node_id))
         return min(nodes, key=lambda node: (self._load(node, role.name, actor_id), total(node),
                                             node.node_id))
+
+
+def _remove_groups(groups: list[PlacementGroup]) -> None:
+    """Remove ``groups`` (best effort: gone already, or Ray is shutting down) and forget them."""
+    while groups:
+        group = groups.pop()
+        try:
+            if ray.is_initialized():
+                remove_placement_group(group)
+        except Exception:  # noqa: BLE001
+            logger.debug("could not remove a placement group", exc_info=True)
 
 
 def _kill(actor: Any) -> None:
