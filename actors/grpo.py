@@ -8,6 +8,11 @@ policy far in one step. The loss is the mean over all response tokens of the bat
 
 Log-probs on both sides are ``log_softmax(logits / temperature)`` of the chosen token (top-p
 filtering is ignored, as is usual: the engine records the unfiltered value).
+
+With partial rollout a response's tokens may come from several weight versions (a weight update
+paused the engine mid-response); each token's rollout log-prob is the one of the weights that
+produced it (``Sample.token_versions`` names them), so the ratio is exact per token and nothing
+here depends on how many versions a sample spans.
 """
 
 from __future__ import annotations
