@@ -12,8 +12,10 @@ above it, plus ``ledger``):
   dropped), recycling and starvation, the accounting of invariant 7.
 * ``staleness``: the screen: train, recycle or drop one finished group.
 * ``step_metrics``: per-step rollout metrics under ``rollout/fully_async/``.
+* ``admission``: AdmissionControl, the staleness-aware bound on starting a group.
 * ``data_buffer``: DataBuffer, the bounded queue between producer and drain.
-* ``producer``: FullyAsyncRolloutFn, the producer loop over the engines and the drain.
+* ``producer``: FullyAsyncRolloutFn, the producer loop over the engines (paced by admission)
+  and the drain.
 * ``manager_state``: the rollout manager's atomic JSON state file.
 * ``manager``: RolloutManager, the owner of one run's rollout, version from the ledger (the
   control plane runs it as a Ray actor).
