@@ -158,3 +158,40 @@ def test_the_default_job_starts_its_own_cluster_despite_a_stale_cluster_file(
     answer = _run_script(["-c", _STALE_CLUSTER], ray_tmpdir, timeout_s=300)
 
     assert answer["cpus"] >= 1
+
+
+def test_kill_node_needs_a_local_multi_node_cluster(capsys) -> None:
+    from orchestrator.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["drill", "--scenario", "kill-node"])
+
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.count("\n") == 1 and "--local-nodes 2" in err and "Traceback" not in err
+
+
+@pytest.mark.postgres
+def test_the_kill_node_drill_passes_on_postgres(pg_url: str, ray_tmpdir: str,
+                                                tmp_path: Path) -> None:
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_TMPDIR": ray_tmpdir,
+                   "RAY_DISABLE_USAGE_STATS": "1", "COLUMNS": "160"}
+    environment.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", "from orchestrator.cli import main; main()", "drill",
+         "--scenario", "kill-node", "--local-nodes", "2", "--db", pg_url,
+         "--runs-dir", str(tmp_path)],
+        cwd=ROOT, env=environment, text=True, capture_output=True, timeout=900)
+
+    assert done.returncode == 0, f"{done.stdout[-2000:]} {done.stderr[-2000:]}"
+    with Ledger.open(pg_url, readonly=True) as ledger:
+        [run_id] = [run.run_id for run in ledger.runs()]  # the drill's one run
+        verdicts = [e for e in ledger.events(run_id) if e.kind == EventKind.DRILL_VERDICT]
+        faults = [e for e in ledger.events(run_id) if e.kind == EventKind.FAULT_INJECTED]
+    assert [v.payload["verdict"] for v in verdicts] == ["pass"], verdicts[0].payload["problems"]
+    detail = faults[0].payload["detail"]
+    assert detail["cell"] in detail["actors_on_node"]
+    assert any(actor.startswith("engine-") for actor in detail["actors_on_node"])
+    print(f"\nkill-node drill: recovered in {verdicts[0].payload['recover_s']}s (node removal "
+          f"-> next commit); Ray saw the node dead after {detail['ray_detect_s']}s with "
+          f"{detail['health_check']}")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ledger import Head, Ledger
 
 if TYPE_CHECKING:
+    from orchestrator.control.cluster.local import LocalCluster
     from orchestrator.control.driver import TrainingJob
     from orchestrator.control.hooks import JobHooks
 
@@ -101,6 +102,7 @@ class DrillContext(Protocol):
     run_id: str
     ledger_url: str
     ledger: Ledger
+    cluster: LocalCluster | None  # the local multi-node cluster (--local-nodes), else None
 
     def fired(self, job: TrainingJob, **detail: Any) -> None:
         """Record that the fault fired now (ledger head and time) and append

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -47,7 +47,11 @@ from orchestrator.drills.checker import CheckReport, check_run, first_commit_aft
 from orchestrator.drills.context import DrillError, FaultPlan, FaultRecord, StopRun, error_name
 from orchestrator.drills.crash import run_whole_job_crash
 from orchestrator.drills.planning import plan_drills
+from orchestrator.drills.node_loss import MIN_WORKER_NODES, NODE_SCENARIOS
 from orchestrator.drills.scenarios import SCENARIOS, Scenario
+
+if TYPE_CHECKING:
+    from orchestrator.control.cluster.local import LocalCluster
 
 __all__ = [
     "SCENARIOS",
@@ -91,6 +95,9 @@ class DrillOptions:
 
     ``db`` None gives every drill its own SQLite file under ``runs_dir``. ``job_class`` lets a
     test plant a broken recovery (a TrainingJob subclass) and see the verdict go red.
+    ``local_nodes`` > 0 runs the drills on a local multi-node cluster built for them (a
+    driver-only head plus that many worker nodes: ``kill-node`` needs it, and a PostgreSQL
+    ``db``, since a SQLite ledger is refused on more than one node).
     """
 
     runs_dir: Path = Path("runs/drills")
@@ -100,6 +107,7 @@ class DrillOptions:
     deadline_s: float = 240.0
     ray_address: str | None = None
     job_class: type[TrainingJob] = TrainingJob
+    local_nodes: int = 0
 
 
 class DrillHooks(JobHooks):
@@ -136,8 +144,10 @@ class _Drill:
     """One drill's state: its plan, run, ledger handle, and what its fault recorded. It is
     the :class:`~orchestrator.drills.context.DrillContext` its scenario acts through."""
 
-    def __init__(self, plan: FaultPlan, scenario: Scenario, options: DrillOptions) -> None:
+    def __init__(self, plan: FaultPlan, scenario: Scenario, options: DrillOptions,
+                 cluster: LocalCluster | None = None) -> None:
         self.plan = plan
+        self.cluster = cluster
         self.scenario = scenario
         self.options = options
         self.rng = random.Random(f"{options.seed}:{plan}")
@@ -195,17 +205,30 @@ def _jsonable(value: Any) -> bool:
 
 def run_drills(plans: list[FaultPlan], options: DrillOptions = DrillOptions(),
                on_result: Callable[[DrillResult], None] | None = None) -> list[DrillResult]:
-    """Run every plan in turn (see :func:`run_drill`); ``on_result`` sees each as it ends."""
+    """Run every plan in turn (see :func:`run_drill`); ``on_result`` sees each as it ends.
+    With ``options.local_nodes``, on a local multi-node cluster built first (this process
+    must not be connected to Ray yet) and shut down at the end."""
+    cluster = None
+    if options.local_nodes:
+        from orchestrator.control.cluster.local import LocalCluster
+
+        cluster = LocalCluster(options.local_nodes)
+        cluster.connect()
     results = []
-    for plan in plans:
-        result = run_drill(plan, options)
-        results.append(result)
-        if on_result is not None:
-            on_result(result)
+    try:
+        for plan in plans:
+            result = run_drill(plan, options, cluster=cluster)
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
     return results
 
 
-def run_drill(plan: FaultPlan, options: DrillOptions = DrillOptions()) -> DrillResult:
+def run_drill(plan: FaultPlan, options: DrillOptions = DrillOptions(),
+              cluster: LocalCluster | None = None) -> DrillResult:
     """Run one drill: a short real run with ``plan``'s fault, then the checker.
 
     Precondition: Ray is initialised or can be (``launch.init_ray``); the database is
@@ -214,18 +237,24 @@ def run_drill(plan: FaultPlan, options: DrillOptions = DrillOptions()) -> DrillR
 
     Raises:
         DrillError: unknown scenario, or the fault cannot be injected here (no local
-            PostgreSQL for an outage).
+            PostgreSQL for an outage, no local multi-node ``cluster`` to remove a node from).
         LedgerError: the ledger cannot be opened.
+        StartupError: a ledger URL the cluster's nodes cannot share.
     """
-    scenario = SCENARIOS.get(plan.scenario)
+    scenario = SCENARIOS.get(plan.scenario) or NODE_SCENARIOS.get(plan.scenario)
     if scenario is None:
         raise DrillError(f"unknown scenario {plan.scenario!r}")
-    drill = _Drill(plan, scenario, options)
+    if plan.scenario in NODE_SCENARIOS and (
+            cluster is None or len(cluster.worker_node_ids()) < MIN_WORKER_NODES):
+        raise DrillError(f"{plan.scenario} removes a node: run it with --local-nodes "
+                         f"{MIN_WORKER_NODES} (or more) and a PostgreSQL --db")
+    drill = _Drill(plan, scenario, options, cluster)
     config = drill.config()
     started = time.monotonic()
     job: TrainingJob | None = None
     try:
         launch.init_ray(config, options.ray_address)
+        launch.check_cluster_ledger(config, drill.ledger_url, options.ray_address)
         drill.ledger.start_run(drill.run_id, config=config.model_dump(mode="json"))
         drill.ledger.append(drill.run_id, EventKind.DRILL_STARTED, {
             "scenario": plan.scenario, "point": plan.point, "step": plan.step,

@@ -54,7 +54,7 @@ class LocalCluster:
         os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
         self.health_check = dict(health_check or HEALTH_CHECK)
         self.cluster = Cluster(initialize_head=True, connect=False, head_node_args={
-            "num_cpus": 0, "include_dashboard": False, "_system_config": self.health_check,
+            "num_cpus": 0, "include_dashboard": False, "_system_config": dict(self.health_check),
         })
         self.workers: list[Any] = [self.cluster.add_node(num_cpus=cpus_per_node)
                                    for _ in range(worker_nodes)]
