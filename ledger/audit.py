@@ -6,7 +6,8 @@ progress between two of its reads for damage. It looks at every run id that any 
 so a run cannot vanish from the audit by losing a row:
 
 - each run's events stream through :class:`~ledger.event_checks.EventChecker` (hash chain,
-  versions, epochs, fencing, stamps, idempotency keys, credentials, witnesses);
+  versions, epochs, fencing, stamps, idempotency keys, credentials, witnesses, and the
+  provenance of each training step with the prompt account: :mod:`ledger.provenance_checks`);
 - ``runs`` rows, ``run_heads`` rows and events must all exist for a run (``no_run_row``,
   ``no_head_row``, ``no_events``);
 - the head row must equal the replay (``head_mismatch``);

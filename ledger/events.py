@@ -75,9 +75,16 @@ class RunStarted(_Payload):
 
 
 class RunResumed(_Payload):
+    """A resume: the checkpoint restored, the head it found, and (provenance) the ledger's last
+    trained step, the prompts in flight it carried over and where the prompt stream continues
+    (checked against the ledger's own account by ``verify``)."""
+
     checkpoint_step: int = Field(ge=0)
     checkpoint_version: int = Field(ge=0)
     head_version: int = Field(ge=0)
+    ledger_step: int | None = Field(default=None, ge=0)
+    prompts_carried_over: int | None = Field(default=None, ge=0)
+    next_prompt_index: int | None = Field(default=None, ge=0)
 
 
 class RunFinished(_Payload):

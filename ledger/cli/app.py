@@ -34,7 +34,7 @@ from typing import Annotated
 import typer
 
 from ledger.cli import db as db_query
-from ledger.cli import query, render, render_lineage
+from ledger.cli import lineage_query, query, render, render_lineage
 from ledger.cli.args import database_url, ledger_beside
 from ledger.errors import LedgerError
 from ledger.redact import redact_text
@@ -212,7 +212,7 @@ def lineage(
     """Who produced VERSION (cell, epoch, train step, checksum), the steps that trained on its
     samples, the engines that served it; or, with --step N, the versions that fed step N."""
     with _errors():
-        answer = query.lineage(*_target(ctx, db, run), version=version, step=step)
+        answer = lineage_query.lineage(*_target(ctx, db, run), version=version, step=step)
     render_lineage.print_lineage(answer, output.value, sys.stdout)
 
 
@@ -224,7 +224,7 @@ def prompts(
     """Prompts issued, trained, dropped by reason, recycled, and in flight at the last event
     (from the ledger's batch_trained and run_resumed events alone)."""
     with _errors():
-        answer = query.prompts(*_target(ctx, db, run))
+        answer = lineage_query.prompts(*_target(ctx, db, run))
     render_lineage.print_prompts(answer, output.value, sys.stdout)
 
 

@@ -1,7 +1,8 @@
 """Lineage and prompt answers built from the read model (no database access here).
 
-:mod:`ledger.cli.query` replays a run into a :class:`~ledger.projections.RunState` and calls
-these builders; :mod:`ledger.cli.render_lineage` prints what they return. Everything comes
+:mod:`ledger.cli.lineage_query` (and :func:`ledger.cli.query.show`) replay a run into a
+:class:`~ledger.projections.RunState` and call these builders; :mod:`ledger.cli.render_lineage`
+prints what they return. Everything comes
 from the ledger alone: commits (who produced a version), ``engines_stamped`` (who served it),
 ``batch_trained`` (which steps trained on it, what fed a step) and the prompt account.
 

@@ -34,7 +34,7 @@ from ledger import audit
 from ledger.cli import lineage as lineage_answers
 from ledger.cli.args import QueryError, database_url, parse_kinds, parse_range, parse_time
 from ledger.errors import UnknownRunError
-from ledger.events import Event, Head
+from ledger.events import Event, EventKind, Head
 from ledger.migrate import head_revision
 from ledger.projections import RunState, fold
 from ledger.reads import Reader
@@ -47,9 +47,7 @@ __all__ = [
     "cells",
     "database_url",
     "lag",
-    "lineage",
     "log",
-    "prompts",
     "replay",
     "run_header",
     "runs",
@@ -140,10 +138,10 @@ class _Nodes:
         engines: dict[str, dict[str, str]] = {}
         for event in events:
             payload = event.payload
-            if event.kind in ("cell_state", "cell_promoted") and event.cell_id:
+            if event.kind in (EventKind.CELL_STATE, EventKind.CELL_PROMOTED) and event.cell_id:
                 if "node_id" in payload:
                     cells[event.cell_id] = _node(payload)
-            elif event.kind == "engines_stamped":
+            elif event.kind == EventKind.ENGINES_STAMPED:
                 for engine_id, node in (payload.get("engine_nodes") or {}).items():
                     engines[engine_id] = _node(node)
         return cls(cells, engines)
@@ -384,26 +382,6 @@ def lag(url: str, run_id: str | None) -> dict[str, Any]:
         ],
         "unstamped_versions": state.unstamped_versions,
     }
-
-
-def lineage(url: str, run_id: str | None, version: int | None = None,
-            step: int | None = None) -> dict[str, Any]:
-    """``lineage V``: who produced V, the steps that trained on it, the engines that served it;
-    ``lineage --step N``: what fed step N (:mod:`ledger.cli.lineage`)."""
-    if (version is None) == (step is None):
-        raise QueryError("lineage takes a VERSION or --step N (one of them)")
-    header, state = replay(url, run_id)
-    if version is not None:
-        return {"header": header, **lineage_answers.version_lineage(state, version)}
-    assert step is not None
-    return {"header": header, **lineage_answers.step_lineage(state, step)}
-
-
-def prompts(url: str, run_id: str | None) -> dict[str, Any]:
-    """The run's prompt account at its last event: issued, trained, dropped by reason,
-    recycled, in flight (from ``batch_trained`` and ``run_resumed`` events alone)."""
-    header, state = replay(url, run_id)
-    return {"header": header, **lineage_answers.prompt_account(state)}
 
 
 def sqlite_path(url: str) -> Path | None:
