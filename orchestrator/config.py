@@ -133,13 +133,13 @@ class RunConfig(BaseModel):
     # Training and weight transport.
     backend: Literal["megatron", "torch", "hf"] = Field(
         default="torch",
-        description="trainer backend of the cells (and of built-in engines): torch, megatron, or "
+        description="trainer backend of the cells (and of builtin engines): torch, megatron, or "
                     "hf (a transformers Llama, with --engine vllm); with --engine vllm, "
-                    "megatron builds a Llama-architecture GPTModel published under HF names",
+                    "megatron builds a GPTModel as a Llama, published under HF names",
     )
     engine: Literal["builtin", "vllm"] = Field(
         default="builtin",
-        description="rollout engine: the built-in sampler, or vLLM (pip install -e '.[vllm]'; "
+        description="rollout engine: the builtin sampler, or vLLM (pip install -e '.[vllm]'; "
                     "with --backend hf or megatron)",
     )
     model: str | None = Field(
