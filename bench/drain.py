@@ -130,9 +130,12 @@ async def _time_drains(drain, publish, drains: int) -> float:
 
 
 def _rollout(pool: InstantPool, staleness: int | None, version) -> FullyAsyncRolloutFn:
-    config = CONFIG.model_copy(update={"max_weight_staleness": staleness})
-    buffer = DataBuffer.from_config(config)
-    return FullyAsyncRolloutFn.from_config(config, pool, PromptSource(make_prompt), buffer,
+    """The manager's producer and drain, its admission bound always at the config's
+    staleness (so every variant generates alike); ``staleness`` is the screen's."""
+    buffer = DataBuffer(CONFIG.buffer_capacity, max_weight_staleness=staleness,
+                        unused_samples_handler=CONFIG.async_unused_samples_handler,
+                        max_recycles=CONFIG.max_recycles)
+    return FullyAsyncRolloutFn.from_config(CONFIG, pool, PromptSource(make_prompt), buffer,
                                            current_version=version)
 
 

@@ -274,3 +274,82 @@ def test_state_round_trip_keeps_every_unfinished_prompt():
     assert accounting.balanced
     with pytest.raises(RuntimeError):
         restored.load_state_dict(state, make_prompt)
+
+
+# ----------------------------------------------------------------------------- partial rollout
+
+
+def spanning_group(prompt: Prompt, token_versions: list[list[int]]) -> Group:
+    """A group whose samples' tokens came from the given versions (partial rollout)."""
+    samples = [
+        Sample(index=i, group_index=prompt.index, prompt_tokens=list(prompt.tokens),
+               response_tokens=[5] * len(versions), rollout_log_probs=[-0.5] * len(versions),
+               reward=float(i), weight_versions=sorted(set(versions)),
+               token_versions=versions)
+        for i, versions in enumerate(token_versions)
+    ]
+    return Group(group_index=prompt.index, samples=samples)
+
+
+def test_staleness_of_a_spanning_group_is_measured_from_its_oldest_token():
+    async def scenario():
+        buffer, source = DataBuffer(4, max_weight_staleness=2), PromptSource(make_prompt)
+        too_old, _ = buffer.take_prompt(source)
+        fresh, _ = buffer.take_prompt(source)
+        await buffer.put(spanning_group(too_old, [[2, 4], [4, 4]]))  # 5 - 2 = 3 > 2
+        await buffer.put(spanning_group(fresh, [[3, 3, 4], [4, 4, 4]]))  # 5 - 3 = 2
+        group = await buffer.get(5)
+        buffer.commit([group])
+        return buffer, group, buffer.pop_step_metrics()
+
+    buffer, group, metrics = run_async(scenario)
+
+    assert group.group_index == 1
+    assert metrics[M + "staleness_hist"] == {2: 1}  # from its oldest token, not its newest
+    assert metrics[M + "stale_filtered"] == 1
+    assert buffer.prompt_states() == {0: "pending", 1: "trained"}  # recycled, not trained
+    assert metrics[M + "negative_staleness_total"] == 0
+
+
+@pytest.mark.parametrize(("handler", "expected"), [("retry", "pending"),
+                                                    ("drop", "dropped:partial_span")])
+def test_a_sample_spanning_more_than_max_partial_span_versions_is_not_trained(handler, expected):
+    async def scenario():
+        buffer = DataBuffer(4, max_weight_staleness=None, unused_samples_handler=handler,
+                            max_partial_span=1)
+        source = PromptSource(make_prompt)
+        prompt, _ = buffer.take_prompt(source)
+        await buffer.put(spanning_group(prompt, [[7, 9], [9]]))  # span 2 > 1
+        prompt, _ = buffer.take_prompt(source)
+        await buffer.put(spanning_group(prompt, [[8, 9], [9]]))  # span 1: trained
+        group = await buffer.get(9)
+        buffer.commit([group])
+        return buffer, group, buffer.pop_step_metrics()
+
+    buffer, group, metrics = run_async(scenario)
+
+    assert group.group_index == 1
+    assert buffer.prompt_states()[0] == expected
+    assert metrics[M + "partial_span_filtered"] == 1
+    assert metrics[M + "tokens_discarded"] == 3
+    assert buffer.accounting().balanced
+
+
+def test_step_metrics_count_mixed_versions_and_tokens_kept_across_updates():
+    async def scenario():
+        buffer, source = DataBuffer(4), PromptSource(make_prompt)
+        groups = []
+        for versions in ([[1, 1, 2], [2, 2]], [[2], [2, 2, 2]]):
+            prompt, _ = buffer.take_prompt(source)
+            await buffer.put(spanning_group(prompt, versions))
+            groups.append(await buffer.get(2))
+        buffer.commit(groups)
+        return buffer.pop_step_metrics()
+
+    metrics = run_async(scenario)
+
+    assert metrics[M + "mixed_version_ratio"] == 0.25  # 1 of 4 samples spans two versions
+    assert metrics[M + "version_span_max"] == 1
+    assert metrics[M + "tokens_kept_across_updates"] == 2  # its two version-1 tokens
+    assert metrics[M + "tokens_trained"] == 9
+    assert metrics[M + "tokens_discarded"] == 0
