@@ -17,9 +17,9 @@ from ledger.errors import (
 from ledger.events import Event, EventKind, Head
 from ledger.projections import RunState, fold
 from ledger.redact import redact_secrets, redact_text, redact_url, url_without_password
-from ledger.report import compact_ranges
+from ledger.audit.report import compact_ranges
 from ledger.store import Ledger, RunSummary
-from ledger.witness import Witness, check_witness, read_witnesses
+from ledger.audit.witness import Witness, check_witness, read_witnesses
 
 __all__ = [
     "AuditReport",

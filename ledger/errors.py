@@ -10,7 +10,7 @@
     └── IdempotencyConflictError  a key reused with other parameters (kind, cell, epoch, ...)
 
 Driver errors (SQLAlchemy, sqlite3, psycopg) are translated into :class:`LedgerError` in one
-place, the exit of :func:`ledger.connection.transaction`, with credentials redacted. Every class pickles with its arguments, so errors raised
+place, the exit of :func:`ledger.store.connection.transaction`, with credentials redacted. Every class pickles with its arguments, so errors raised
 inside a Ray actor arrive intact in the caller.
 """
 

@@ -14,7 +14,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from ledger.connection import create_engine, normalise_url, transaction
+from ledger.store.connection import create_engine, normalise_url, transaction
 from ledger.errors import LedgerError, SchemaError
 from ledger.redact import redact_url
 

@@ -10,7 +10,7 @@ it. ``run_resumed`` adds what a resume carried over (``prompts_carried_over``,
 :class:`Provenance` folds those events, in seq order, into:
 
 - ``batches``: train step -> :class:`BatchView` (the first event recorded for that step; a
-  second one is what :mod:`ledger.provenance_checks` reports);
+  second one is what :mod:`ledger.audit.provenance_checks` reports);
 - ``trained_on``: version -> {train step: samples generated under that version};
 - ``prompts``: the run's :class:`PromptLedger` (issued, trained, dropped by reason, recycled,
   in flight).

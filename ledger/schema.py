@@ -1,7 +1,7 @@
 """The ledger's tables. Alembic migrations create them; this metadata is what they must equal.
 
 ``seq`` and ``version`` are plain integers assigned under the head-row lock (see
-``ledger.append.lock_head``), never sequences or autoincrement: those leave gaps on rollback
+``ledger.store.append.lock_head``), never sequences or autoincrement: those leave gaps on rollback
 and can become visible out of commit order.
 """
 

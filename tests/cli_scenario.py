@@ -30,7 +30,7 @@ LINEAGE_START = EPOCH_START - timedelta(days=1)
 
 
 def frozen_clock(start: datetime = EPOCH_START) -> Callable[[], datetime]:
-    """A stand-in for ``ledger.append._utcnow``: each call is 1.25 s after the previous one."""
+    """A stand-in for ``ledger.store.append._utcnow``: each call is 1.25 s after the previous one."""
     ticks = itertools.count()
     return lambda: start + timedelta(milliseconds=1250 * next(ticks))
 

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
-import ledger.append
+import ledger.store.append
 from ledger import Ledger, compact_ranges
 from ledger.cli.app import app
 from ledger.schema import run_heads, runs
@@ -34,7 +34,7 @@ def invoke(*args: str):
 @pytest.fixture
 def built(ledger_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """The CLI scenario run (tests/cli_scenario.py) on either backend."""
-    monkeypatch.setattr(ledger.append, "_utcnow", frozen_clock())
+    monkeypatch.setattr(ledger.store.append, "_utcnow", frozen_clock())
     with Ledger.open(ledger_url) as writer:
         build_run(writer)
     return ledger_url

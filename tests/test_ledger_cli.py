@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-import ledger.append
+import ledger.store.append
 from ledger import Ledger
 from ledger.cli.app import app
 from ledger.events import event_hash
@@ -40,7 +40,7 @@ def invoke(*args: str, env: dict | None = None):
 @pytest.fixture
 def built_url(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """The scenario run (tests/cli_scenario.py) on a fresh SQLite file, time frozen."""
-    monkeypatch.setattr(ledger.append, "_utcnow", frozen_clock())
+    monkeypatch.setattr(ledger.store.append, "_utcnow", frozen_clock())
     with Ledger.open(sqlite_url) as writer:
         build_run(writer)
     return sqlite_url
@@ -381,7 +381,7 @@ def test_the_cli_imports_neither_matplotlib_nor_ray_nor_torch():
 
 @pytest.mark.postgres
 def test_json_answers_on_postgresql(pg_url: str, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(ledger.append, "_utcnow", frozen_clock())
+    monkeypatch.setattr(ledger.store.append, "_utcnow", frozen_clock())
     with Ledger.open(pg_url) as writer:
         build_run(writer)
     status = invoke("--db", pg_url, "status", "-o", "json")
@@ -407,7 +407,7 @@ def test_json_answers_on_postgresql(pg_url: str, monkeypatch: pytest.MonkeyPatch
 def fuzz_ledger(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     base = tmp_path_factory.mktemp("fuzz")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ledger.append, "_utcnow", frozen_clock())
+        patch.setattr(ledger.store.append, "_utcnow", frozen_clock())
         with Ledger.open(f"sqlite:///{base / 'ledger.db'}") as writer:
             build_run(writer)
     return f"sqlite:///{base / 'ledger.db'}", base

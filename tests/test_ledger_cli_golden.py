@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import ledger.append
+import ledger.store.append
 from ledger import Ledger
 from ledger.cli.app import app
 from tests.cli_scenario import LINEAGE_START, build_lineage_run, build_run, frozen_clock
@@ -72,10 +72,10 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ``<TMP>/ledger.db``, with run-a's metrics beside it."""
     base = tmp_path_factory.mktemp("golden")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ledger.append, "_utcnow", frozen_clock())
+        patch.setattr(ledger.store.append, "_utcnow", frozen_clock())
         with Ledger.open(f"sqlite:///{base / 'ledger.db'}") as writer:
             build_run(writer)
-        patch.setattr(ledger.append, "_utcnow", frozen_clock(LINEAGE_START))
+        patch.setattr(ledger.store.append, "_utcnow", frozen_clock(LINEAGE_START))
         with Ledger.open(f"sqlite:///{base / 'ledger.db'}") as writer:
             build_lineage_run(writer)
     lines = [

@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
-import ledger.append
+import ledger.store.append
 from ledger import Ledger
 from ledger.cli.app import app
 from ledger.errors import SchemaError
@@ -53,7 +53,7 @@ def _revision(url: str) -> str:
 def at_0001(ledger_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A database at revision 0001 holding the CLI scenario run, rows copied as 0001 code
     wrote them (the table shapes of 0001 and 0002 differ only in the key's nullability)."""
-    monkeypatch.setattr(ledger.append, "_utcnow", frozen_clock())
+    monkeypatch.setattr(ledger.store.append, "_utcnow", frozen_clock())
     source = f"sqlite:///{tmp_path / 'source.db'}"
     with Ledger.open(source) as writer:
         build_run(writer)

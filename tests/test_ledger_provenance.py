@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
-import ledger.append
+import ledger.store.append
 from ledger import Ledger, fold
 from ledger.cli.app import app
 from ledger.provenance import prompt_digest
@@ -37,7 +37,7 @@ def invoke(*args: str):
 @pytest.fixture
 def built(ledger_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """The lineage scenario (tests/cli_scenario.py, run-b) on either backend."""
-    monkeypatch.setattr(ledger.append, "_utcnow", frozen_clock())
+    monkeypatch.setattr(ledger.store.append, "_utcnow", frozen_clock())
     with Ledger.open(ledger_url) as writer:
         build_lineage_run(writer)
     return ledger_url

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from ledger import Ledger, redact_text, redact_url, url_without_password
 from ledger.cli.app import app
 from ledger.cli.args import audit_command
-from ledger.connection import translate
+from ledger.store.connection import translate
 from tests.cli_scenario import RUN_ID, build_run
 from tests.ledger_helpers import dump_tables
 

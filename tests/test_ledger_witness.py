@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import ledger.append
+import ledger.store.append
 from ledger import Ledger, Witness, check_witness, read_witnesses
 from ledger.cli.app import app
 from ledger.run_layout import LEDGER_HEAD_KEY, WITNESS_KEYS, RunLayout
-from ledger.witness import (
+from ledger.audit.witness import (
     BEHIND,
     DIVERGED,
     read_checkpoint_witness,
@@ -59,7 +59,7 @@ def write_run_files(reader: Ledger, run_dir: Path) -> RunLayout:
 
 @pytest.fixture
 def run_dir(ledger_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(ledger.append, "_utcnow", frozen_clock())
+    monkeypatch.setattr(ledger.store.append, "_utcnow", frozen_clock())
     directory = tmp_path / RUN_ID
     with Ledger.open(ledger_url) as writer:
         build_run(writer)
@@ -150,7 +150,7 @@ def test_witness_paths_may_name_one_file(ledger_url: str, run_dir: Path, target:
 
 
 def test_verify_finds_the_ledger_in_the_run_directory(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr(ledger.append, "_utcnow", frozen_clock())
+    monkeypatch.setattr(ledger.store.append, "_utcnow", frozen_clock())
     directory = tmp_path / RUN_ID
     layout = RunLayout(directory)
     with Ledger.open(layout.ledger_url) as writer:

@@ -37,9 +37,9 @@ from ledger.errors import UnknownRunError
 from ledger.events import Event, EventKind, Head
 from ledger.migrate import head_revision
 from ledger.projections import RunState, fold
-from ledger.reads import Reader
+from ledger.store.reads import Reader
 from ledger.store import Ledger
-from ledger.witness import read_witnesses
+from ledger.audit.witness import read_witnesses
 
 __all__ = [
     "LogAnswer",

@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ledger.events import Event, canonical_json
-from ledger.report import compact_ranges
+from ledger.audit.report import compact_ranges
 
 __all__ = [
     "EVENT_FIELDS",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, TextIO
 
 from ledger.cli.render import _pairs, _print_table, _table, _text, _when, print_json
-from ledger.report import compact_ranges
+from ledger.audit.report import compact_ranges
 
 __all__ = ["print_lineage", "print_prompts"]
 

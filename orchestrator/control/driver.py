@@ -31,7 +31,7 @@ from ledger.run_layout import (
     default_ledger_url,
     metric_key,
 )
-from ledger.witness import Witness, check_witnesses, read_witnesses, write_checkpoint_witness
+from ledger.audit.witness import Witness, check_witnesses, read_witnesses, write_checkpoint_witness
 from orchestrator.config import RunConfig
 from orchestrator.control import launch
 from orchestrator.control.errors import StartupError

@@ -5,9 +5,9 @@ transaction, ``REPEATABLE READ READ ONLY`` on PostgreSQL), so it never mistakes 
 progress between two of its reads for damage. It looks at every run id that any table holds,
 so a run cannot vanish from the audit by losing a row:
 
-- each run's events stream through :class:`~ledger.event_checks.EventChecker` (hash chain,
+- each run's events stream through :class:`~ledger.audit.event_checks.EventChecker` (hash chain,
   versions, epochs, fencing, stamps, idempotency keys, credentials, witnesses, and the
-  provenance of each training step with the prompt account: :mod:`ledger.provenance_checks`);
+  provenance of each training step with the prompt account: :mod:`ledger.audit.provenance_checks`);
 - ``runs`` rows, ``run_heads`` rows and events must all exist for a run (``no_run_row``,
   ``no_head_row``, ``no_events``);
 - the head row must equal the replay (``head_mismatch``);
@@ -25,11 +25,11 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from ledger.errors import LedgerError, UnknownRunError
-from ledger.event_checks import EventChecker
+from ledger.audit.event_checks import EventChecker
 from ledger.events import Event, RunRecord, canonical_json
 from ledger.redact import contains_secret
-from ledger.report import AuditReport, Problem
-from ledger.witness import BEHIND, Witness, describe_missing_run
+from ledger.audit.report import AuditReport, Problem
+from ledger.audit.witness import BEHIND, Witness, describe_missing_run
 
 __all__ = ["AuditReport", "AuditSource", "Problem", "verify"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ledger.append import row_to_event
+from ledger.store.append import row_to_event
 from ledger.errors import LedgerError, UnknownRunError
 from ledger.events import Event, Head, RunRecord
 from ledger.migrate import current_revision

@@ -1,9 +1,9 @@
 """The Ledger: the public facade over one database (many runs), SQLite or PostgreSQL.
 
-Every write is one short transaction that locks the run's head row (:mod:`ledger.append`, where
+Every write is one short transaction that locks the run's head row (:mod:`ledger.store.append`, where
 the "why seq is gapless" argument lives), so appends to a run are totally ordered and
 ``seq``/``version`` come out gapless. Engines, pragmas and the translation of driver errors are
-in :mod:`ledger.connection`; the read queries in :mod:`ledger.reads`; the audit in
+in :mod:`ledger.store.connection`; the read queries in :mod:`ledger.store.reads`; the audit in
 :mod:`ledger.audit`, which reads through a snapshot and never imports this module.
 """
 
@@ -18,14 +18,14 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from ledger import audit, migrate
-from ledger.append import append_locked, create_run_locked, lock_head
-from ledger.connection import create_engine, normalise_url, run_with_retries, transaction
+from ledger.store.append import append_locked, create_run_locked, lock_head
+from ledger.store.connection import create_engine, normalise_url, run_with_retries, transaction
 from ledger.errors import LedgerError, UnknownRunError
 from ledger.events import Event, EventKind, Head, validate_payload
-from ledger.reads import READ_PAGE, Reader, RunSummary
+from ledger.store.reads import READ_PAGE, Reader, RunSummary
 from ledger.redact import redact_secrets, redact_url
-from ledger.report import AuditReport, Problem
-from ledger.witness import Witness, check_witnesses
+from ledger.audit.report import AuditReport, Problem
+from ledger.audit.witness import Witness, check_witnesses
 
 __all__ = ["Ledger", "RunSummary"]
 
@@ -128,7 +128,7 @@ class Ledger:
 
     @contextmanager
     def snapshot(self) -> Iterator[Reader]:
-        """A :class:`~ledger.reads.Reader` on one read-only transaction: every read through it
+        """A :class:`~ledger.store.reads.Reader` on one read-only transaction: every read through it
         sees the same state, however many writers commit meanwhile. Not retried (a snapshot
         cannot be resumed); keep it short.
 
@@ -336,7 +336,7 @@ class Ledger:
     ) -> AuditReport:
         """Check every invariant the ledger can see (DESIGN section 4 and every table against
         the others), for every run or only ``run_id``, in one snapshot; and check
-        ``witnesses`` (see :mod:`ledger.witness`) against it. Retried like a read.
+        ``witnesses`` (see :mod:`ledger.audit.witness`) against it. Retried like a read.
 
         Raises:
             UnknownRunError: ``run_id`` is in no table of the ledger.

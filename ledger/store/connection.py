@@ -10,7 +10,7 @@ Three kinds of transaction:
 - ``read``: one short read (``BEGIN`` on SQLite, the default isolation on PostgreSQL);
 - ``write``: the append path. SQLite opens it with ``BEGIN IMMEDIATE`` (the database write
   lock, in WAL mode so readers are not blocked); PostgreSQL locks the run's head row itself
-  (see :mod:`ledger.append`);
+  (see :mod:`ledger.store.append`);
 - ``snapshot``: many reads that must agree with each other (an audit, a CLI answer).
   PostgreSQL runs it ``REPEATABLE READ READ ONLY``; SQLite's deferred read transaction in WAL
   mode already sees one snapshot from its first read to its end.

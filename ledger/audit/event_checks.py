@@ -4,7 +4,7 @@
 that only grow and publisher events carrying the epoch current at their seq, (4) commits only
 after a promotion of their cell and never from a fenced epoch, (5) engines stamped only with
 committed versions, (6) the negative-staleness count a finished run reports, and (7) the
-provenance of every training step and the prompt account (:mod:`ledger.provenance_checks`).
+provenance of every training step and the prompt account (:mod:`ledger.audit.provenance_checks`).
 Beside these: a first event that is ``run_started``, known kinds, a non-null idempotency key
 that no other event of the run holds, no credential in any payload, and every witness at its
 seq.
@@ -19,10 +19,10 @@ from collections.abc import Iterable
 
 from ledger.events import GENESIS_HASH, PUBLISHER_KINDS, Event, EventKind, event_hash
 from ledger.projections import RunState
-from ledger.provenance_checks import ProvenanceChecker
+from ledger.audit.provenance_checks import ProvenanceChecker
 from ledger.redact import contains_secret
-from ledger.report import Problem
-from ledger.witness import Witness, compare
+from ledger.audit.report import Problem
+from ledger.audit.witness import Witness, compare
 
 __all__ = ["EventChecker"]
 

@@ -1,7 +1,7 @@
 """The audit's provenance checks: each ``batch_trained`` against the ledger at its seq, and the
 prompt account of a finished run.
 
-Called by :class:`ledger.event_checks.EventChecker` before it folds the event, so "the ledger at
+Called by :class:`ledger.audit.event_checks.EventChecker` before it folds the event, so "the ledger at
 its seq" is the read model as of the previous event. Every check names its problem by run and
 seq:
 
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from ledger.events import Event, EventKind
 from ledger.projections import RunState
 from ledger.provenance import BatchView, parse_batch
-from ledger.report import compact_ranges
+from ledger.audit.report import compact_ranges
 
 __all__ = ["ProvenanceChecker"]
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from ledger.errors import LedgerError, UnknownRunError
 from ledger.events import Event, EventKind, Head
-from ledger.report import Problem
+from ledger.audit.report import Problem
 from ledger.run_layout import (
     CHECKPOINT_DIR,
     LEDGER_HEAD_KEY,
