@@ -26,7 +26,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from orchestrator.control.hooks import JobHooks
-from orchestrator.drills.context import DrillContext
+from orchestrator.drills.context import DrillContext, DrillError
 
 if TYPE_CHECKING:
     from orchestrator.control.driver import TrainingJob
@@ -52,14 +52,25 @@ def _own_pid(actor_self: Any) -> int:
     return os.getpid()
 
 
+def _own_pid_and_host(actor_self: Any) -> tuple[int, str]:
+    return os.getpid(), ray.util.get_node_ip_address()
+
+
 def actor_pid(actor: Any, timeout_s: float = 60.0) -> int:
-    """The pid of the worker process that runs ``actor`` (any Ray actor handle).
+    """The pid of the worker process that runs ``actor`` (any Ray actor handle), which must
+    run on this machine: a pid from another machine names some unrelated process here, so
+    signals and ``/proc`` reads are refused for it (faults there act through Ray: kill-node).
 
     Raises:
+        DrillError: the actor runs on another machine.
         ray.exceptions.RayActorError: the actor is dead.
         ray.exceptions.GetTimeoutError: it did not answer within ``timeout_s``.
     """
-    return int(ray.get(actor.__ray_call__.remote(_own_pid), timeout=timeout_s))
+    pid, host = ray.get(actor.__ray_call__.remote(_own_pid_and_host), timeout=timeout_s)
+    if host != ray.util.get_node_ip_address():
+        raise DrillError(f"the actor runs on {host}, not on this machine: its process cannot "
+                         "be signalled from here")
+    return int(pid)
 
 
 def _still_answers(actor: Any, timeout_s: float) -> bool:
