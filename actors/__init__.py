@@ -3,10 +3,10 @@
 Modules (import them directly; this package imports nothing heavy):
 
 - ``actors.task``: the verifiable toy task (two-digit addition) and its exact reward.
-- ``actors.policy``: the policy, megatron-core ``GPTModel`` on CPU or its plain-torch twin;
+- ``actors.policies.policy``: the policy, megatron-core ``GPTModel`` on CPU or its plain-torch twin;
   ``build_policy(backend, config, seed)``; LoRA adapters.
 - ``actors.grpo``: the GRPO objective (group-normalised advantages, clipped ratio).
-- ``actors.rollout_engine``: ``RolloutEngine`` (sampling, pause/continue, epoch fence).
+- ``actors.engines.rollout_engine``: ``RolloutEngine`` (sampling, pause/continue, epoch fence).
 - ``actors.weight_sync``: ``full`` and ``lora`` transports and the one
   ``finalize_and_resume_engines``.
 - ``actors.train_cell``: ``TrainCell`` (GRPO step, cross-cell gradient averaging,

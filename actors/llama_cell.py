@@ -4,11 +4,11 @@ The trainer side of ``--engine vllm``. Everything a :class:`~actors.train_cell.T
 (GRPO step, gradient group, the weight-update sequence of DESIGN section 5, checkpoints,
 healing) is inherited unchanged; only the model and the names on the wire differ:
 
-- ``backend="hf"``: a ``transformers`` Llama (:func:`actors.hf_policy.build_hf_policy`). Its
+- ``backend="hf"``: a ``transformers`` Llama (:func:`actors.policies.hf_policy.build_hf_policy`). Its
   parameter names are vLLM's, so ``transfer`` sends them as they are.
 - ``backend="megatron"``: a megatron-core ``GPTModel`` with Llama's architecture
-  (:func:`actors.megatron_llama.build_megatron_llama`); ``transfer`` converts its tensors to HF
-  names and layouts on the way out (:func:`actors.megatron_llama.megatron_to_hf`), and the
+  (:func:`actors.policies.megatron_llama.build_megatron_llama`); ``transfer`` converts its tensors to HF
+  names and layouts on the way out (:func:`actors.policies.megatron_llama.megatron_to_hf`), and the
   checksum committed to the ledger is the one of what the engines received.
 
 Both start from the weights of ``policy.model_dir``, the directory the engines load, so
@@ -16,7 +16,7 @@ version 0 is the same model everywhere.
 
 Why a subclass that swaps the model after ``TrainCell.__init__`` (which builds a throwaway
 policy of a few dozen parameters): ``TrainCell`` builds its model with
-``actors.policy.build_policy`` and has no seam for another builder; until it has one, this
+``actors.policies.policy.build_policy`` and has no seam for another builder; until it has one, this
 keeps the cell's own code untouched.
 """
 
@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from actors.hf_policy import HFPolicyConfig, build_hf_policy, hf_config
-from actors.policy import PolicyConfig, PolicyError
+from actors.policies.hf_policy import HFPolicyConfig, build_hf_policy, hf_config
+from actors.policies.policy import PolicyConfig, PolicyError
 from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell
 from actors.weight_sync import collect_weights, transfer_weights
 
@@ -49,7 +49,7 @@ def build_llama_policy(backend: str, policy: HFPolicyConfig | dict[str, Any],
     if backend == "hf":
         return build_hf_policy(policy, seed)
     if backend == "megatron":
-        from actors.megatron_llama import build_megatron_llama
+        from actors.policies.megatron_llama import build_megatron_llama
 
         return build_megatron_llama(policy, seed)
     raise PolicyError(f"unknown Llama backend {backend!r}; expected one of {LLAMA_BACKENDS}")
@@ -101,7 +101,7 @@ class LlamaTrainCell(TrainCell):
                                            weight_decay=group["weight_decay"])
         self._shape = None
         if backend == "megatron":
-            from actors.megatron_llama import LlamaShape
+            from actors.policies.megatron_llama import LlamaShape
 
             self._shape = LlamaShape(hf_config(llama.model_dir))
 
@@ -116,7 +116,7 @@ class LlamaTrainCell(TrainCell):
         """
         if self._shape is None:
             return super().transfer(engines, epoch)
-        from actors.megatron_llama import megatron_to_hf
+        from actors.policies.megatron_llama import megatron_to_hf
 
         with torch.no_grad():
             tensors = megatron_to_hf(collect_weights(self.model, self.transport), self._shape)

@@ -44,7 +44,7 @@ from actors.cluster.checkpoint_io import is_readable, read_bytes, to_url, write_
 from actors.cluster.node_info import EngineNodes, node_fields
 from actors.gradient_group import GradientGroup
 from actors.grpo import GRPOConfig, build_train_batch, grpo_loss
-from actors.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
+from actors.policies.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
 from actors.task import TOKENIZER
 from actors.weight_sync import (
     TRANSPORTS,

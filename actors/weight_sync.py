@@ -13,7 +13,7 @@ transport-specific finalize: a LoRA path that skipped the stamp (the review find
 PR #2244) would leave engines serving new adapters under an old label.
 
 ``engines`` may be Ray actor handles (calls go out in parallel) or plain
-:class:`~actors.rollout_engine.RolloutEngine` objects (called in order; used by in-process
+:class:`~actors.engines.rollout_engine.RolloutEngine` objects (called in order; used by in-process
 tests and tools).
 """
 
@@ -32,7 +32,7 @@ from ray.exceptions import RayTaskError
 from torch import nn
 
 from actors.errors import StaleEpochError, TransferError
-from actors.policy import adapter_state_dict, tensor_state_dict
+from actors.policies.policy import adapter_state_dict, tensor_state_dict
 
 __all__ = [
     "TRANSPORTS",
@@ -119,7 +119,7 @@ def begin_engine_update(engines: Sequence[Any], epoch: int) -> list[dict[str, An
     """Step 2: every engine adopts ``epoch`` and pauses. Returns their health.
 
     What happens to generation in flight is each engine's pause mode
-    (:mod:`actors.engine_protocol`): ``abort`` returns it ABORTED, ``in_place`` (partial
+    (:mod:`actors.engines.engine_protocol`): ``abort`` returns it ABORTED, ``in_place`` (partial
     rollout) parks it at a token boundary to continue under the new weights after
     :func:`finalize_and_resume_engines`. Either way no engine computes when this returns.
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import ray
 
-from actors.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
+from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from ledger.run_layout import FULLY_ASYNC_PREFIX, REWARD_KEY
 from orchestrator.config import RunConfig
 from orchestrator.control import launch

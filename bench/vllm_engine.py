@@ -34,13 +34,13 @@ from pathlib import Path
 
 import ray
 
-from actors.hf_policy import HFPolicyConfig, ensure_task_model
+from actors.policies.hf_policy import HFPolicyConfig, ensure_task_model
 from actors.llama_cell import LlamaTrainCell
-from actors.policy import PolicyConfig
-from actors.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
+from actors.policies.policy import PolicyConfig
+from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
 from actors.train_cell import TrainCell
-from actors.vllm_engine import VLLM_ENGINE_ACTOR_OPTIONS, VLLMEngine
+from actors.engines.vllm_engine import VLLM_ENGINE_ACTOR_OPTIONS, VLLMEngine
 from ledger import Ledger
 from orchestrator.config import RunConfig
 from orchestrator.control.driver import JobOptions, run_job

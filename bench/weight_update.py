@@ -29,8 +29,8 @@ from pathlib import Path
 import ray
 
 from _report import machine_line
-from actors.policy import PolicyConfig
-from actors.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
+from actors.policies.policy import PolicyConfig
+from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
 from actors.train_cell import TrainCell
 from actors.weight_sync import begin_engine_update, collect_weights, finalize_and_resume_engines

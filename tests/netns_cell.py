@@ -13,8 +13,8 @@ import hashlib
 import json
 import sys
 
-from actors.policy import PolicyConfig
-from actors.rollout_engine import RolloutEngine
+from actors.policies.policy import PolicyConfig
+from actors.engines.rollout_engine import RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
 from actors.train_cell import TrainCell
 

@@ -16,7 +16,7 @@ import ray
 from ledger import EventKind, Ledger
 from orchestrator.control import launch
 from orchestrator.control.driver import TrainingJob
-from orchestrator.control.engine_pool import RayEnginePool
+from orchestrator.control.engines.engine_pool import RayEnginePool
 from orchestrator.control.publisher import PublishOutcome, Publisher
 from orchestrator.control.supervisor import Supervisor
 from orchestrator.drills import (

@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
-from actors.hf_policy import (  # noqa: E402
+from actors.policies.hf_policy import (  # noqa: E402
     HFPolicyConfig,
     build_hf_policy,
     check_task_vocabulary,
@@ -25,13 +25,13 @@ from actors.hf_policy import (  # noqa: E402
     read_checkpoint,
 )
 from actors.llama_cell import LlamaTrainCell  # noqa: E402
-from actors.megatron_llama import (  # noqa: E402
+from actors.policies.megatron_llama import (  # noqa: E402
     LlamaShape,
     build_megatron_llama,
     hf_to_megatron,
     megatron_to_hf,
 )
-from actors.policy import PolicyError, adapter_state_dict, tensor_state_dict  # noqa: E402
+from actors.policies.policy import PolicyError, adapter_state_dict, tensor_state_dict  # noqa: E402
 from actors.task import TOKENIZER, AdditionTask  # noqa: E402
 
 TOKENS = torch.tensor([[5, 13, 6, 16, 7, 1, 0, 0], [3, 13, 4, 16, 7, 7, 1, 2]])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.policy import (
+from actors.policies.policy import (
     LORA_TARGETS,
     PolicyConfig,
     PolicyError,

@@ -11,8 +11,8 @@ import ray
 import torch
 
 from actors.errors import EngineStateError, StaleEpochError
-from actors.policy import PolicyConfig, build_policy
-from actors.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
+from actors.policies.policy import PolicyConfig, build_policy
+from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
 from actors.weight_sync import collect_weights
 from orchestrator.rollout.types import SampleStatus

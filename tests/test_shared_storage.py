@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from actors.cluster import checkpoint_io
-from actors.policy import PolicyConfig
+from actors.policies.policy import PolicyConfig
 from actors.task import TOKENIZER
 from actors.train_cell import TrainCell
 from ledger import EventKind, Ledger

@@ -13,7 +13,7 @@ import pytest
 from ledger import Ledger
 from orchestrator.config import RunConfig
 from orchestrator.control.errors import StartupError
-from orchestrator.control.tracking import RunTracker, open_tracker
+from orchestrator.control.reporting.tracking import RunTracker, open_tracker
 
 RECORDS = [
     {"step": 1, "time": "2026-01-01T00:00:00", "reward/mean": 0.25, "publisher": "cell-0",

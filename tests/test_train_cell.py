@@ -17,8 +17,8 @@ import ray
 from ray.exceptions import RayActorError
 
 from actors.errors import CollectiveError
-from actors.policy import PolicyConfig
-from actors.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
+from actors.policies.policy import PolicyConfig
+from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
 from actors.gradient_group import create_rendezvous_store
 from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell

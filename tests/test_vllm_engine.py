@@ -20,16 +20,16 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 from actors.errors import EngineStateError, StaleEpochError  # noqa: E402
-from actors.hf_policy import (  # noqa: E402
+from actors.policies.hf_policy import (  # noqa: E402
     HFPolicyConfig,
     build_hf_policy,
     ensure_task_model,
     read_checkpoint,
 )
 from actors.llama_cell import LlamaTrainCell  # noqa: E402
-from actors.policy import PolicyError, adapter_state_dict, tensor_state_dict  # noqa: E402
+from actors.policies.policy import PolicyError, adapter_state_dict, tensor_state_dict  # noqa: E402
 from actors.task import TOKENIZER, AdditionTask  # noqa: E402
-from actors.vllm_engine import VLLM_ENGINE_ACTOR_OPTIONS, VLLMEngine  # noqa: E402
+from actors.engines.vllm_engine import VLLM_ENGINE_ACTOR_OPTIONS, VLLMEngine  # noqa: E402
 from actors.weight_sync import tensors_checksum  # noqa: E402
 from ledger import Ledger  # noqa: E402
 from orchestrator.rollout.types import SampleStatus  # noqa: E402
@@ -84,7 +84,7 @@ def engine(ray_cluster, model_dir: str):
 
 
 def test_the_vllm_engine_offers_the_engine_interface() -> None:
-    from actors.engine_protocol import RolloutEngineProtocol
+    from actors.engines.engine_protocol import RolloutEngineProtocol
 
     wanted = {name for name in dir(RolloutEngineProtocol) if not name.startswith("_")}
     assert wanted <= set(dir(VLLMEngine)) | {"engine_id"}

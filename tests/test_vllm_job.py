@@ -13,12 +13,12 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from actors.hf_policy import check_task_vocabulary  # noqa: E402
+from actors.policies.hf_policy import check_task_vocabulary  # noqa: E402
 from actors.task import TOKENIZER  # noqa: E402
 from ledger import EventKind, Ledger  # noqa: E402
 from orchestrator.cli import main  # noqa: E402
 from orchestrator.control.driver import TrainingJob  # noqa: E402
-from orchestrator.control.vllm_launch import resolve_model  # noqa: E402
+from orchestrator.control.engines.vllm_launch import resolve_model  # noqa: E402
 from orchestrator.drills import DrillOptions, plan_drills, run_drill  # noqa: E402
 
 pytestmark = pytest.mark.ray

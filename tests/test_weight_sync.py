@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import ray
 
-from actors.policy import PolicyConfig
-from actors.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
+from actors.policies.policy import PolicyConfig
+from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
 from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell
 from actors.weight_sync import finalize_and_resume_engines, tensors_checksum

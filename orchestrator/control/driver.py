@@ -36,13 +36,13 @@ from orchestrator.config import RunConfig
 from orchestrator.control import launch
 from orchestrator.control.errors import StartupError
 from orchestrator.control.hooks import JobHooks
-from orchestrator.control.progress import RunProgress
+from orchestrator.control.reporting.progress import RunProgress
 from orchestrator.control.provenance import ProvenanceRecorder, write_manager_state_from_ledger
 from orchestrator.control.publisher import Publisher
-from orchestrator.control.step_record import StepRecorder
+from orchestrator.control.reporting.step_record import StepRecorder
 from orchestrator.control.supervisor import Supervisor
-from orchestrator.control.tracking import open_tracker
-from orchestrator.control.vllm_launch import resolve_model
+from orchestrator.control.reporting.tracking import open_tracker
+from orchestrator.control.engines.vllm_launch import resolve_model
 from orchestrator.rollout.types import RolloutFnTrainOutput
 
 __all__ = ["JobOptions", "JobResult", "StartupError", "TrainingJob", "new_run_id", "run_job"]

@@ -174,7 +174,7 @@ def task_for(config: RunConfig):
 def policy_config(config: RunConfig):
     """The policy sizes every cell and engine of the run share (LoRA adapters, of the run's
     ``lora_rank`` and ``lora_alpha``, only with the ``lora`` transport)."""
-    from actors.policy import PolicyConfig
+    from actors.policies.policy import PolicyConfig
     from actors.task import TOKENIZER
 
     if config.transport != "lora":
@@ -187,12 +187,12 @@ def create_engine(config: RunConfig, engine_id: str):
     """A ``RolloutEngine`` actor with the run's policy, task, sampling parameters and pause
     mode (``partial_rollout``: in_place, else abort); a ``VLLMEngine`` with ``--engine vllm``."""
     if config.engine == "vllm":
-        from orchestrator.control.vllm_launch import create_vllm_engine
+        from orchestrator.control.engines.vllm_launch import create_vllm_engine
 
         return create_vllm_engine(config, engine_id, ENGINE_CPUS)
     import ray
 
-    from actors.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
+    from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 
     options = {**ROLLOUT_ENGINE_ACTOR_OPTIONS, "num_cpus": ENGINE_CPUS, **scheduling_options()}
     sampling = {
@@ -211,7 +211,7 @@ def create_cell(config: RunConfig, cell_id: str):
     run's ledger (``config.db``, ``config.run_id``) for publishing. The ``lora`` transport
     trains only the adapters, at ``lora_lr``. With ``--engine vllm``, a ``LlamaTrainCell``."""
     if config.engine == "vllm":
-        from orchestrator.control.vllm_launch import create_llama_cell
+        from orchestrator.control.engines.vllm_launch import create_llama_cell
 
         return create_llama_cell(config, cell_id, CELL_CPUS)
     import ray
@@ -239,7 +239,7 @@ def create_rollout_manager(config: RunConfig, ledger_url: str, run_id: str, engi
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from orchestrator.control.engine_pool import RayEnginePool
+    from orchestrator.control.engines.engine_pool import RayEnginePool
     from orchestrator.rollout.manager import RolloutManager
 
     make_prompt = functools.partial(_make_prompt, config.seed)

@@ -35,6 +35,7 @@ class LocalCluster:
     """A head node plus ``worker_nodes`` worker nodes on this machine.
 
     Build it before Ray is initialised in this process, then :meth:`connect`.
+    ``health_check``: the GCS settings (``{}`` for Ray's defaults; None: :data:`HEALTH_CHECK`).
 
     Raises:
         ValueError: fewer than one worker node.
@@ -52,7 +53,7 @@ class LocalCluster:
             raise RuntimeError("Ray is already initialised in this process; build the local "
                                "cluster first")
         os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
-        self.health_check = dict(health_check or HEALTH_CHECK)
+        self.health_check = dict(HEALTH_CHECK if health_check is None else health_check)
         self.cluster = Cluster(initialize_head=True, connect=False, head_node_args={
             "num_cpus": 0, "include_dashboard": False, "_system_config": dict(self.health_check),
         })

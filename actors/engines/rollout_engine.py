@@ -8,7 +8,7 @@ arrive while ``generate`` runs::
 Control methods (pause, updates, health) run in their own concurrency group, so they are never
 queued behind generate calls blocked on a pause.
 
-It implements :class:`~actors.engine_protocol.RolloutEngineProtocol`; the semantics below are
+It implements :class:`~actors.engines.engine_protocol.RolloutEngineProtocol`; the semantics below are
 stated there once.
 
 State and its rules:
@@ -43,9 +43,9 @@ from typing import Any
 import ray
 import torch
 
-from actors.engine_protocol import pause_mode
+from actors.engines.engine_protocol import pause_mode
 from actors.errors import EngineStateError, StaleEpochError
-from actors.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
+from actors.policies.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
 from actors.task import AdditionTask
 from actors.weight_sync import TRANSPORTS, tensors_checksum
 from orchestrator.rollout.types import Prompt, Sample, SampleStatus, check_weight_version

@@ -12,7 +12,7 @@ from typing import Any
 from ledger import Head
 from ledger.run_layout import LEDGER_HEAD_KEY, REWARD_KEY, WEIGHT_VERSION_KEY
 from ledger.audit.witness import Witness
-from orchestrator.control.tracking import RunTracker
+from orchestrator.control.reporting.tracking import RunTracker
 from orchestrator.rollout.types import RolloutFnTrainOutput
 
 __all__ = ["StepRecorder"]

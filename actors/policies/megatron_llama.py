@@ -42,8 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from actors.hf_policy import HFPolicyConfig, hf_config, read_checkpoint
-from actors.policy import PolicyError, apply_lora, ensure_megatron_parallel_state, load_tensors
+from actors.policies.hf_policy import HFPolicyConfig, hf_config, read_checkpoint
+from actors.policies.policy import PolicyError, apply_lora, ensure_megatron_parallel_state, load_tensors
 
 __all__ = ["LlamaShape", "build_megatron_llama", "hf_to_megatron", "megatron_to_hf"]
 
@@ -183,7 +183,7 @@ def hf_to_megatron(tensors: dict[str, torch.Tensor], shape: LlamaShape) -> dict[
 
 
 def _cpu_shim(seed: int) -> None:
-    """megatron-core on a machine without a GPU (as in :mod:`actors.megatron_gpt`, whose
+    """megatron-core on a machine without a GPU (as in :mod:`actors.policies.megatron_gpt`, whose
     shim is private): ``current_device`` answers ``"cpu"`` and the RNG tracker is a no-op."""
     if torch.cuda.is_available():
         return

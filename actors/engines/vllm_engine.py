@@ -1,7 +1,7 @@
 """VLLMEngine: a rollout engine on a real vLLM, behind the engine interface.
 
-The same interface as the built-in :class:`~actors.rollout_engine.RolloutEngine` (see
-:mod:`actors.engine_protocol` for the contract): generate with per-token log-probs and
+The same interface as the built-in :class:`~actors.engines.rollout_engine.RolloutEngine` (see
+:mod:`actors.engines.engine_protocol` for the contract): generate with per-token log-probs and
 versions, ``begin_update`` / ``load_weights`` / ``update_weight_version`` /
 ``continue_generation`` under the epoch fence, ``weights_checksum``, ``health``, ``pid``. A
 plain class, made remote where it is allocated, as a threaded actor::
@@ -19,7 +19,7 @@ thread of ours. Each ``step()`` is one token for every running request, so "betw
   parked in flight, the reset preempts them, so their KV is recomputed under the new weights
   when they continue: their later tokens' log-probs are exactly the new weights' over the whole
   sequence, which is what the trainer recomputes. LoRA updates are merged
-  (:mod:`actors.vllm_weights`).
+  (:mod:`actors.engines.vllm_weights`).
 - **Pause modes** (fixed at build, ``partial_rollout``): ``in_place`` freezes requests
   mid-sequence with vLLM's scheduler pause in ``keep`` mode (``EngineCore.pause_scheduler``,
   what ``AsyncLLM.pause_generation(mode="keep")`` calls) and stops stepping; ``abort`` aborts
@@ -43,13 +43,13 @@ from typing import Any
 
 import ray
 
-from actors.engine_protocol import pause_mode
-from actors.engine_state import EngineState
-from actors.hf_policy import HFPolicyConfig, hf_config, read_checkpoint
-from actors.policy import PolicyError
-from actors.rollout_engine import SamplingParams
+from actors.engines.engine_protocol import pause_mode
+from actors.engines.engine_state import EngineState
+from actors.policies.hf_policy import HFPolicyConfig, hf_config, read_checkpoint
+from actors.policies.policy import PolicyError
+from actors.engines.rollout_engine import SamplingParams
 from actors.task import AdditionTask
-from actors.vllm_weights import EngineWeights
+from actors.engines.vllm_weights import EngineWeights
 from actors.weight_sync import tensors_checksum
 from orchestrator.rollout.types import Prompt, Sample, SampleStatus
 
@@ -141,7 +141,7 @@ class VLLMEngine:
     # ---------------------------------------------------------------------------- sampling
 
     def generate(self, prompt: Prompt, n_samples: int, group_index: int) -> list[Sample]:
-        """Sample ``n_samples`` responses to ``prompt`` (see :mod:`actors.engine_protocol`).
+        """Sample ``n_samples`` responses to ``prompt`` (see :mod:`actors.engines.engine_protocol`).
 
         Raises:
             ValueError: ``n_samples < 1`` or the prompt leaves no room for a response.

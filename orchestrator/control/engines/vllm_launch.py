@@ -37,8 +37,8 @@ def resolve_model(config: RunConfig, run_dir: Path) -> RunConfig:
     if importlib.util.find_spec("vllm") is None:
         raise StartupError("--engine vllm needs vLLM: pip install -e '.[vllm]' "
                            "(make install-vllm does it with the CPU torch)")
-    from actors.hf_policy import check_task_vocabulary, ensure_task_model
-    from actors.policy import PolicyError
+    from actors.policies.hf_policy import check_task_vocabulary, ensure_task_model
+    from actors.policies.policy import PolicyError
     from actors.task import TOKENIZER
 
     try:
@@ -59,7 +59,7 @@ def llama_policy(config: RunConfig):
     Raises:
         StartupError: ``config.model`` is not set (call :func:`resolve_model` first).
     """
-    from actors.hf_policy import HFPolicyConfig
+    from actors.policies.hf_policy import HFPolicyConfig
 
     if config.model is None:
         raise StartupError("no model directory: resolve_model() must run before actors start")
@@ -73,7 +73,7 @@ def create_vllm_engine(config: RunConfig, engine_id: str, num_cpus: float,
     import ray
 
     from actors.task import AdditionTask
-    from actors.vllm_engine import VLLM_ENGINE_ACTOR_OPTIONS, VLLMEngine
+    from actors.engines.vllm_engine import VLLM_ENGINE_ACTOR_OPTIONS, VLLMEngine
 
     options = {**VLLM_ENGINE_ACTOR_OPTIONS, "num_cpus": num_cpus, **actor_options}
     sampling = {"temperature": config.temperature, "top_p": config.top_p,

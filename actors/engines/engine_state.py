@@ -1,6 +1,6 @@
 """The state every rollout engine keeps beside its model: version label, epoch fence, pause.
 
-Rules (DESIGN sections 3 and 5, :mod:`actors.engine_protocol`):
+Rules (DESIGN sections 3 and 5, :mod:`actors.engines.engine_protocol`):
 
 - ``version``: the label of the loaded weights; 0 at launch, then only what the publisher
   stamps (:meth:`EngineState.stamp`). An engine never invents a version.

@@ -1,6 +1,6 @@
 """The rollout engine interface the rest of the system relies on, as a ``typing.Protocol``.
 
-Every engine (the built-in :class:`~actors.rollout_engine.RolloutEngine`, a vLLM engine, a
+Every engine (the built-in :class:`~actors.engines.rollout_engine.RolloutEngine`, a vLLM engine, a
 benchmark double) is a plain class made a Ray actor where it is allocated. The control plane
 calls the control methods through Ray handles; the rollout manager calls :meth:`generate`
 through an :class:`~orchestrator.rollout.types.EnginePool`. Nothing here imports Ray.

@@ -2,8 +2,8 @@
 
 Its parameter names (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``, ...) are
 the ones vLLM's Llama loader takes, so a weight update hands the trainer's tensors to a vLLM
-engine as they are (:mod:`actors.vllm_engine`). The megatron-core backend reaches the same
-names through :mod:`actors.megatron_llama`.
+engine as they are (:mod:`actors.engines.vllm_engine`). The megatron-core backend reaches the same
+names through :mod:`actors.policies.megatron_llama`.
 
 Where the model comes from (:func:`ensure_task_model`): a directory the user names
 (``--model PATH``), or, when none is given, a tiny random Llama plus a tokenizer for the task,
@@ -17,7 +17,7 @@ refuses any other model with a :class:`~actors.errors.PolicyError` instead of tr
 
 Every model :func:`build_hf_policy` returns is called as ``model(tokens[b, s]) ->
 logits[b, s, vocab]`` (causal), like the built-in policies. LoRA (:func:`apply_hf_lora`) wraps
-the attention and MLP projections with :class:`actors.policy.LoRALinear`; adapter tensors are
+the attention and MLP projections with :class:`actors.policies.policy.LoRALinear`; adapter tensors are
 named ``<projection>.lora_a`` / ``.lora_b`` (``model.layers.0.self_attn.q_proj.lora_a``).
 """
 
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from actors.policy import PolicyError
+from actors.policies.policy import PolicyError
 
 __all__ = [
     "HF_LORA_TARGETS",
@@ -263,7 +263,7 @@ def apply_hf_lora(model: nn.Module, rank: int, alpha: float) -> nn.Module:
     Raises:
         PolicyError: no target projection found.
     """
-    from actors.policy import LoRALinear
+    from actors.policies.policy import LoRALinear
 
     if any(isinstance(m, LoRALinear) for m in model.modules()):
         return model

@@ -22,7 +22,7 @@ __all__ = ["PolicySizes", "build_megatron_gpt", "ensure_megatron_parallel_state"
 
 
 class PolicySizes(Protocol):
-    """The sizes a GPT policy is built from (``actors.policy.PolicyConfig`` has them)."""
+    """The sizes a GPT policy is built from (``actors.policies.policy.PolicyConfig`` has them)."""
 
     num_layers: int
     hidden_size: int

@@ -6,7 +6,7 @@ Both backends build the same architecture with the same parameter names (megatro
 state dict saved by one loads into the other and gives the same logits. Every model returned by
 :func:`build_policy` is called as ``model(tokens[b, s]) -> logits[b, s, vocab]`` (causal).
 
-Megatron on CPU is built in :mod:`actors.megatron_gpt`; the twin needs none of it and does not
+Megatron on CPU is built in :mod:`actors.policies.megatron_gpt`; the twin needs none of it and does not
 import megatron.
 
 LoRA: :func:`apply_lora` wraps the attention (``linear_qkv``, ``linear_proj``) and MLP
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from actors.errors import PolicyError
-from actors.megatron_gpt import build_megatron_gpt, ensure_megatron_parallel_state
+from actors.policies.megatron_gpt import build_megatron_gpt, ensure_megatron_parallel_state
 
 __all__ = [
     "BACKENDS",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from actors.policy import PolicyError
+from actors.policies.policy import PolicyError
 
 __all__ = ["EngineWeights", "UpdatePlan"]
 

@@ -1,0 +1,1 @@
+"""Rollout engines: the engine protocol, the built-in engine and the vLLM engine."""
