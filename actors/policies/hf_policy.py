@@ -102,6 +102,11 @@ def _offline() -> None:
     # Belt and braces: no code path of ours may reach a hub.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # Progress bars for a model of a few hundred kB only clutter the run's terminal.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
 
 
 def hf_config(model_dir: str | Path) -> Any:
