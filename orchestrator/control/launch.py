@@ -189,7 +189,7 @@ def create_engine(config: RunConfig, engine_id: str):
     if config.engine == "vllm":
         from orchestrator.control.engines.vllm_launch import create_vllm_engine
 
-        return create_vllm_engine(config, engine_id, ENGINE_CPUS)
+        return create_vllm_engine(config, engine_id, ENGINE_CPUS, **scheduling_options())
     import ray
 
     from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
@@ -213,7 +213,7 @@ def create_cell(config: RunConfig, cell_id: str):
     if config.engine == "vllm":
         from orchestrator.control.engines.vllm_launch import create_llama_cell
 
-        return create_llama_cell(config, cell_id, CELL_CPUS)
+        return create_llama_cell(config, cell_id, CELL_CPUS, **scheduling_options())
     import ray
 
     from actors.grpo import GRPOConfig
