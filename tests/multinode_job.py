@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +44,7 @@ class RemovePublisherNode(JobHooks):
         self.cluster = cluster
         self.step = step
         self.fired: dict[str, Any] = {}
+        self.watcher: threading.Thread | None = None
 
     def on_step_end(self, job: Any, step: int) -> None:
         if step != self.step or self.fired:
@@ -51,13 +53,19 @@ class RemovePublisherNode(JobHooks):
         nodes = job.supervisor.placement.nodes()
         node = nodes[head.publisher_cell]
         removed_at = datetime.now(UTC).replace(tzinfo=None)
-        detect_s = self.cluster.remove_node(node.node_id)
+        since = self.cluster.remove_node(node.node_id)  # the job goes on before Ray notices
         self.fired = {
             "step": step, "publisher_cell": head.publisher_cell, "version_before": head.version,
             "seq_before": head.seq, "node_id": node.node_id, "host": node.host,
             "actors_on_node": sorted(a for a, n in nodes.items() if n.node_id == node.node_id),
-            "removed_at": removed_at.isoformat(), "ray_detect_s": round(detect_s, 3),
+            "removed_at": removed_at.isoformat(),
         }
+        self.watcher = threading.Thread(target=self._watch, args=(node.node_id, since),
+                                        daemon=True)
+        self.watcher.start()
+
+    def _watch(self, node_id: str, since: float) -> None:
+        self.fired["ray_detect_s"] = round(self.cluster.wait_until_dead(node_id, since), 3)
 
 
 def _refusals(cluster: LocalCluster, runs_dir: Path, config: RunConfig) -> dict[str, Any]:
@@ -107,6 +115,8 @@ def main() -> int:
         hook = RemovePublisherNode(cluster, args.remove_after)
         result = run_job(config, JobOptions(runs_dir=args.runs_dir, progress=False,
                                             plot=False, hooks=hook))
+        if hook.watcher is not None:
+            hook.watcher.join(timeout=120)
         print(json.dumps({
             "run_id": result.run_id, "ok": result.ok, "steps": result.steps,
             "negative_staleness_total": result.negative_staleness_total,

@@ -83,7 +83,23 @@ def _events(url: str, run_id: str) -> list:
 @pytest.mark.postgres
 def test_cells_land_on_different_nodes_and_the_run_survives_losing_the_publishers_node(
         node_loss_run) -> None:
-    result, url = node_loss_run
+    _assert_survived_node_loss(*node_loss_run)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_the_run_survives_a_node_loss_that_ray_notices_only_after_15_s(
+        pg_url: str, ray_tmpdir: str, tmp_path: Path) -> None:
+    # Ray's own health check (3000 ms x 5, 10000 ms timeout): the job must cope while the dead
+    # node is still listed alive (no replacement placed there, no prompt trained twice).
+    result = _run_script(["-m", "tests.multinode_job", pg_url, str(tmp_path), "--workers", "2",
+                          "--remove-after", "2", "--ray-default-health-check"], ray_tmpdir)
+
+    assert result["removed"]["ray_detect_s"] > 5
+    _assert_survived_node_loss(result, pg_url)
+
+
+def _assert_survived_node_loss(result: dict, url: str) -> None:
     removed = result["removed"]
     events = _events(url, result["run_id"])
     removed_at = datetime.fromisoformat(removed["removed_at"])

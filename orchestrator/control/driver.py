@@ -431,15 +431,18 @@ class _BatchStream:
     when the loop asks for it, i.e. after the previous step has published."""
 
     def __init__(self, job: TrainingJob, first_step: int) -> None:
-        self._job = job
-        self._pending: dict[int, Any] = {first_step: self._request(first_step)}
+        self._job = job  # _pending: step -> (the manager asked, its drain)
+        self._pending: dict[int, tuple[Any, Any]] = {first_step: self._request(first_step)}
 
-    def _request(self, step: int) -> Any:
-        return self._job.supervisor.manager.generate.remote(step)
+    def _request(self, step: int) -> tuple[Any, Any]:
+        manager = self._job.supervisor.manager
+        return manager, manager.generate.remote(step)
 
     def next(self, step: int) -> RolloutFnTrainOutput:
-        pending = self._pending.pop(step, None) or self._request(step)
-        batch = self._job.supervisor.await_drain(lambda: self._request(step), pending)
+        manager, pending = self._pending.pop(step, (None, None))
+        if manager is not self._job.supervisor.manager:  # replaced since: the new one
+            manager, pending = self._request(step)  # regenerates those prompts; ask it
+        batch = self._job.supervisor.await_drain(lambda: self._request(step)[1], pending)
         config = self._job.config
         if not config.sync and step + 1 < config.num_rollout:
             self._pending[step + 1] = self._request(step + 1)

@@ -76,26 +76,36 @@ class LocalCluster:
         """The node ids of the worker nodes still in the cluster."""
         return [node.node_id for node in self.workers]
 
-    def remove_node(self, node_id: str, timeout_s: float = 60.0) -> float:
-        """Remove worker node ``node_id`` (kill its raylet and workers) and wait until Ray
-        reports it dead. Returns the seconds from the removal to that report.
+    def remove_node(self, node_id: str) -> float:
+        """Remove worker node ``node_id``: kill its raylet and workers, as a machine that
+        dies does. Returns at once (Ray has not noticed yet: see :meth:`wait_until_dead`)
+        with the monotonic time of the removal.
 
         Raises:
             KeyError: not a worker node of this cluster.
-            TimeoutError: Ray still lists it alive after ``timeout_s``.
         """
-        import ray
-
         node = next((n for n in self.workers if n.node_id == node_id), None)
         if node is None:
             raise KeyError(f"{node_id} is not a worker node of this cluster")
-        started = time.monotonic()
+        removed_at = time.monotonic()
         self.cluster.remove_node(node, allow_graceful=False)
         self.workers.remove(node)
-        while time.monotonic() - started < timeout_s:
+        return removed_at
+
+    @staticmethod
+    def wait_until_dead(node_id: str, since: float, timeout_s: float = 120.0) -> float:
+        """Wait until Ray lists ``node_id`` dead; returns the seconds since ``since`` (a
+        monotonic time, e.g. :meth:`remove_node`'s).
+
+        Raises:
+            TimeoutError: still listed alive after ``timeout_s``.
+        """
+        import ray
+
+        while time.monotonic() - since < timeout_s:
             alive = {n["NodeID"]: n["Alive"] for n in ray.nodes()}
             if not alive.get(node_id, False):
-                return time.monotonic() - started
+                return time.monotonic() - since
             time.sleep(0.05)
         raise TimeoutError(f"node {node_id[:12]} still alive {timeout_s:g}s after removal")
 
