@@ -76,15 +76,15 @@ def test_chaos_plans_are_reproducible_from_the_seed() -> None:
 
 
 def test_unknown_scenario_is_a_drill_error() -> None:
-    with pytest.raises(DrillError, match="unknown scenario 'kill-everything'"):
-        plan_drills(["kill-everything"])
+    with pytest.raises(DrillError, match="unknown scenario 'kill-the-moon'"):
+        plan_drills(["kill-the-moon"])
 
 
 def test_cli_rejects_an_unknown_scenario_in_one_line(capsys) -> None:
     from orchestrator.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
-        main(["drill", "--scenario", "kill-everything"])
+        main(["drill", "--scenario", "kill-the-moon"])
 
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
