@@ -44,7 +44,14 @@ from orchestrator.control import launch
 from orchestrator.control.driver import JobOptions, TrainingJob
 from orchestrator.control.hooks import JobHooks
 from orchestrator.drills.checker import CheckReport, check_run, first_commit_after, seconds_between
-from orchestrator.drills.context import DrillError, FaultPlan, FaultRecord, StopRun, error_name
+from orchestrator.drills.context import (
+    DrillError,
+    FaultPlan,
+    FaultRecord,
+    StopRun,
+    error_name,
+    utcnow_naive,
+)
 from orchestrator.drills.crash import run_whole_job_crash
 from orchestrator.drills.planning import plan_drills
 from orchestrator.drills.node_loss import MIN_WORKER_NODES, NODE_SCENARIOS
@@ -95,6 +102,9 @@ class DrillOptions:
 
     ``db`` None gives every drill its own SQLite file under ``runs_dir``. ``job_class`` lets a
     test plant a broken recovery (a TrainingJob subclass) and see the verdict go red.
+    ``deadline_s`` bounds a whole run; ``recover_deadline_s`` (if set) also bounds the time
+    from the fault to the run's end, so a recovery that never comes is caught soon after the
+    fault however long the run took to start.
     ``local_nodes`` > 0 runs the drills on a local multi-node cluster built for them (a
     driver-only head plus that many worker nodes: ``kill-node`` needs it, and a PostgreSQL
     ``db``, since a SQLite ledger is refused on more than one node).
@@ -105,6 +115,7 @@ class DrillOptions:
     seed: int = 1234
     recover_steps: int = RECOVER_STEPS
     deadline_s: float = 240.0
+    recover_deadline_s: float | None = None
     ray_address: str | None = None
     job_class: type[TrainingJob] = TrainingJob
     local_nodes: int = 0
@@ -294,21 +305,21 @@ def _run_jobs(drill: _Drill, config: RunConfig) -> tuple[TrainingJob | None, lis
     options = JobOptions(runs_dir=drill.options.runs_dir, progress=False, plot=False,
                          hooks=drill.hooks)
     job = drill.options.job_class(config, drill.ledger, drill.layout, options)
-    error = _run_with_deadline(job, drill.options.deadline_s)
+    error = _run_with_deadline(job, drill)
     if isinstance(error, StopRun):
         job.shutdown()
         resumed = JobOptions(resume=True, runs_dir=drill.options.runs_dir, progress=False,
                              plot=False)
         job = drill.options.job_class(config, drill.ledger, drill.layout, resumed)
-        error = _run_with_deadline(job, drill.options.deadline_s)
+        error = _run_with_deadline(job, drill)
     if error is None:
         return job, []
     return job, [f"the run did not complete: {type(error).__name__}: {str(error)[:300]}"]
 
 
-def _run_with_deadline(job: TrainingJob, deadline_s: float) -> BaseException | None:
-    """Run ``job.run()`` on a thread; past ``deadline_s`` (no recovery), kill the job's actors
-    so the thread ends. Returns the job's error, or None when it finished."""
+def _run_with_deadline(job: TrainingJob, drill: _Drill) -> BaseException | None:
+    """Run ``job.run()`` on a thread; past the drill's deadlines (no recovery), kill the job's
+    actors so the thread ends. Returns the job's error, or None when it finished."""
     outcome: dict[str, BaseException | None] = {"error": None}
 
     def target() -> None:
@@ -319,8 +330,8 @@ def _run_with_deadline(job: TrainingJob, deadline_s: float) -> BaseException | N
 
     thread = threading.Thread(target=target, name=f"drill-job-{job.run_id}", daemon=True)
     thread.start()
-    thread.join(deadline_s)
-    if not thread.is_alive():
+    missed = _join_within_deadlines(thread, drill)
+    if missed is None:
         return outcome["error"]
     negative = _negative_staleness_now(job)
     supervisor = job.supervisor
@@ -331,8 +342,25 @@ def _run_with_deadline(job: TrainingJob, deadline_s: float) -> BaseException | N
             pass
     supervisor.cells.stop()
     thread.join(120)
-    return TimeoutError(f"no recovery: the run did not finish within {deadline_s:g}s "
+    return TimeoutError(f"no recovery: the run did not finish within {missed} "
                         f"(negative staleness counted so far: {negative})")
+
+
+def _join_within_deadlines(thread: threading.Thread, drill: _Drill) -> str | None:
+    """Wait for ``thread`` under ``deadline_s`` from now and ``recover_deadline_s`` from the
+    fault; returns None if it ended, else which deadline passed (for the verdict)."""
+    options = drill.options
+    run_deadline = time.monotonic() + options.deadline_s
+    # A bounded wait, not a retry: the thread is polled so the fault's time can be seen.
+    while thread.is_alive():
+        if time.monotonic() >= run_deadline:
+            return f"{options.deadline_s:g}s"
+        fired_at = drill.record.fired_at
+        if fired_at is not None and options.recover_deadline_s is not None and (
+                seconds_between(fired_at, utcnow_naive()) >= options.recover_deadline_s):
+            return f"{options.recover_deadline_s:g}s of the fault"
+        thread.join(timeout=0.5)
+    return None
 
 
 def _negative_staleness_now(job: TrainingJob) -> int | None:
