@@ -301,3 +301,29 @@ def test_sync_mode_generates_only_while_a_drain_waits(sqlite_url, sync: bool):
         assert calls_between_steps > 0
     accounting = manager.accounting()
     assert accounting.unaccounted == 0
+
+
+def test_sync_mode_trains_on_policy_one_batch_per_version(sqlite_url):
+    """--sync is the on-policy baseline: the bound admits exactly one batch per version."""
+    epoch = build_ledger(sqlite_url, RUN, commits=0)
+    pool = FakeEnginePool(version=0)
+    manager = make_manager(sqlite_url, pool, sync=True, async_max_concurrent_samples=8)
+
+    async def scenario():
+        outputs = []
+        with Ledger.open(sqlite_url) as ledger:
+            for step in range(3):
+                outputs.append(await manager.generate(step))
+                version = ledger.commit_weights(RUN, cell_id="cell-0", epoch=epoch,
+                                                train_step=step + 1)
+                pool.version = version
+                manager.set_weight_version(version)
+        await manager.shutdown()
+        return outputs
+
+    outputs = run_async(scenario)
+
+    assert len(pool.calls) == 3 * 4  # nothing generated beyond the batches
+    for output in outputs:
+        assert output.metrics[M + "staleness_hist"] == {0: 4}
+    assert manager.accounting().trained == 12 and manager.accounting().balanced

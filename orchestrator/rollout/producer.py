@@ -117,12 +117,17 @@ class FullyAsyncRolloutFn:
         current_version: Callable[[], int] | None = None,
     ) -> FullyAsyncRolloutFn:
         """A rollout function shaped by ``config``, admission control on (it is off only
-        when ``config.max_weight_staleness`` is None, or no ``current_version`` is given)."""
+        when ``config.max_weight_staleness`` is None, or no ``current_version`` is given).
+
+        With ``config.sync`` the bound is ``max_weight_staleness = 0``: exactly one batch per
+        published version, so the synchronous baseline trains on-policy (no group left over
+        from a drain to be trained one version late, none generated only to be thrown away).
+        """
         admission = None
         if current_version is not None:
+            staleness = 0 if config.sync else config.max_weight_staleness
             admission = AdmissionControl(
-                config.max_weight_staleness, config.rollout_batch_size,
-                config.update_weights_interval,
+                staleness, config.rollout_batch_size, config.update_weights_interval,
             )
         return cls(
             pool,
