@@ -35,27 +35,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import ray
-
 from ledger import EventKind, Ledger
-from ledger.run_layout import NEGATIVE_STALENESS_KEY, RunLayout
+from ledger.run_layout import RunLayout
 from orchestrator.config import RunConfig
 from orchestrator.control import launch
 from orchestrator.control.driver import JobOptions, TrainingJob
 from orchestrator.control.hooks import JobHooks
 from orchestrator.drills.checker import CheckReport, check_run, first_commit_after, seconds_between
-from orchestrator.drills.context import (
-    DrillError,
-    FaultPlan,
-    FaultRecord,
-    StopRun,
-    error_name,
-    utcnow_naive,
-)
+from orchestrator.drills.context import DrillError, FaultPlan, FaultRecord, StopRun, error_name
 from orchestrator.drills.crash import run_whole_job_crash
 from orchestrator.drills.planning import plan_drills
 from orchestrator.drills.node_loss import MIN_WORKER_NODES, NODE_SCENARIOS
 from orchestrator.drills.scenarios import SCENARIOS, Scenario
+from orchestrator.drills.watchdog import run_with_deadlines
 
 if TYPE_CHECKING:
     from orchestrator.control.cluster.local import LocalCluster
@@ -305,72 +297,21 @@ def _run_jobs(drill: _Drill, config: RunConfig) -> tuple[TrainingJob | None, lis
     options = JobOptions(runs_dir=drill.options.runs_dir, progress=False, plot=False,
                          hooks=drill.hooks)
     job = drill.options.job_class(config, drill.ledger, drill.layout, options)
-    error = _run_with_deadline(job, drill)
+    error = _watched(job, drill)
     if isinstance(error, StopRun):
         job.shutdown()
         resumed = JobOptions(resume=True, runs_dir=drill.options.runs_dir, progress=False,
                              plot=False)
         job = drill.options.job_class(config, drill.ledger, drill.layout, resumed)
-        error = _run_with_deadline(job, drill)
+        error = _watched(job, drill)
     if error is None:
         return job, []
     return job, [f"the run did not complete: {type(error).__name__}: {str(error)[:300]}"]
 
 
-def _run_with_deadline(job: TrainingJob, drill: _Drill) -> BaseException | None:
-    """Run ``job.run()`` on a thread; past the drill's deadlines (no recovery), kill the job's
-    actors so the thread ends. Returns the job's error, or None when it finished."""
-    outcome: dict[str, BaseException | None] = {"error": None}
-
-    def target() -> None:
-        try:
-            job.run()
-        except BaseException as exc:  # noqa: BLE001 - reported in the verdict
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=target, name=f"drill-job-{job.run_id}", daemon=True)
-    thread.start()
-    missed = _join_within_deadlines(thread, drill)
-    if missed is None:
-        return outcome["error"]
-    negative = _negative_staleness_now(job)
-    supervisor = job.supervisor
-    for actor in [supervisor.manager, *supervisor.engines.values()]:
-        try:
-            ray.kill(actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone (or never started)
-            pass
-    supervisor.cells.stop()
-    thread.join(120)
-    return TimeoutError(f"no recovery: the run did not finish within {missed} "
-                        f"(negative staleness counted so far: {negative})")
-
-
-def _join_within_deadlines(thread: threading.Thread, drill: _Drill) -> str | None:
-    """Wait for ``thread`` under ``deadline_s`` from now and ``recover_deadline_s`` from the
-    fault; returns None if it ended, else which deadline passed (for the verdict)."""
-    options = drill.options
-    run_deadline = time.monotonic() + options.deadline_s
-    # A bounded wait, not a retry: the thread is polled so the fault's time can be seen.
-    while thread.is_alive():
-        if time.monotonic() >= run_deadline:
-            return f"{options.deadline_s:g}s"
-        fired_at = drill.record.fired_at
-        if fired_at is not None and options.recover_deadline_s is not None and (
-                seconds_between(fired_at, utcnow_naive()) >= options.recover_deadline_s):
-            return f"{options.recover_deadline_s:g}s of the fault"
-        thread.join(timeout=0.5)
-    return None
-
-
-def _negative_staleness_now(job: TrainingJob) -> int | None:
-    """The live count from the rollout manager (the job's own total is only updated at step
-    ends, and a stuck job has none), or None if the manager does not answer."""
-    try:
-        metrics = ray.get(job.supervisor.manager.metrics.remote(), timeout=10)
-    except Exception:  # noqa: BLE001 - the manager may be the thing that is stuck
-        return None
-    return int(metrics.get(NEGATIVE_STALENESS_KEY, 0))
+def _watched(job: TrainingJob, drill: _Drill) -> BaseException | None:
+    return run_with_deadlines(job, drill.record, deadline_s=drill.options.deadline_s,
+                              recover_deadline_s=drill.options.recover_deadline_s)
 
 
 def _verdict(drill: _Drill, report: CheckReport, problems: list[str],
