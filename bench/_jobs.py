@@ -12,9 +12,11 @@ Engine set-ups:
   it would on separate GPUs; a weight update's pause waits for the step in progress, as on a
   real engine. :class:`DeviceLatencyEngine` is a benchmark double.
 
-Modes (``MODES``): ``sync`` (no overlap: the baseline), ``async`` (fully-async, a weight
-update aborts generation in flight), ``async+partial`` (fully-async with partial rollout:
-in-flight samples continue under the new weights). Admission control is on in every mode.
+Modes (``MODES``): ``sync`` (no overlap, on-policy: the baseline), ``async`` (fully-async, a
+weight update aborts generation in flight), ``async+partial`` (fully-async with partial rollout:
+in-flight samples continue under the new weights). Admission control is on in every mode. A
+mode label may end in ``@S`` to run it with ``max_weight_staleness = S`` (``async+partial@1``);
+:func:`expand_modes` builds those labels.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ __all__ = [
     "DeviceLatencyEngine",
     "RunStats",
     "engine_factory",
+    "expand_modes",
+    "is_sync",
     "run_mode",
     "run_stats",
     "time_to_reward",
@@ -92,14 +96,37 @@ def engine_factory(setup: str, ms_per_token: float = 15.0):
     return create
 
 
+def expand_modes(modes: list[str], staleness: list[int] | None) -> list[str]:
+    """Mode labels: each async mode once per ``staleness`` value (``async@1``); sync once."""
+    if not staleness:
+        return list(modes)
+    labels: list[str] = []
+    for mode in modes:
+        for value in ([None] if mode == "sync" else staleness):
+            label = mode if value is None else f"{mode}@{value}"
+            if label not in labels:
+                labels.append(label)
+    return labels
+
+
+def is_sync(label: str) -> bool:
+    """True for the synchronous baseline's label."""
+    return label.partition("@")[0] == "sync"
+
+
 def run_mode(base: RunConfig, mode: str, runs_dir: Path, factory, run_id: str
              ) -> list[dict[str, Any]]:
-    """Run ``base`` in ``mode`` to the end; returns its metrics lines (one per step).
+    """Run ``base`` in ``mode`` (a label, see :func:`expand_modes`) to the end; returns its
+    metrics lines (one per step).
 
     Raises:
         RuntimeError: the run's audit found a problem or a negative staleness.
     """
-    config = base.model_copy(update={"run_id": run_id, **MODES[mode]})
+    name, _, staleness = mode.partition("@")
+    update: dict[str, Any] = {"run_id": run_id, **MODES[name]}
+    if staleness:
+        update["max_weight_staleness"] = int(staleness)
+    config = base.model_copy(update=update)
     result = run_job(config, JobOptions(runs_dir=runs_dir, progress=False, plot=False,
                                         engine_factory=factory))
     if not result.ok:

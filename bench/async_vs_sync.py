@@ -35,7 +35,7 @@ from pathlib import Path
 
 import ray
 
-from _jobs import MODES, engine_factory, run_mode, run_stats
+from _jobs import MODES, engine_factory, expand_modes, is_sync, run_mode, run_stats
 from _report import machine_line, median_spread, rotated
 from ledger import Ledger
 from orchestrator.config import RunConfig
@@ -73,12 +73,16 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", choices=["cpu", "device"],
                         default=["cpu", "device"])
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--staleness", type=int, nargs="+", default=None,
+                        help="run each async mode at each of these max_weight_staleness values "
+                             "(default: the RunConfig default only)")
     parser.add_argument("--device-ms-per-token", type=float, default=15.0)
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--backend", choices=["torch", "megatron"], default="torch")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 6 steps, 1 repeat, device engines, no kills")
     args = parser.parse_args()
+    args.modes = expand_modes(args.modes, args.staleness)
     if args.quick:
         args.steps, args.repeats, args.engines, args.kills = 6, 1, ["device"], 0
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
@@ -96,8 +100,8 @@ def main() -> None:
             for engines in args.engines:
                 factory = engine_factory(engines, args.device_ms_per_token)
                 for mode in rotated(args.modes, repeat):
-                    records = run_mode(base, mode, runs_dir, factory,
-                                       f"bench-{engines}-{mode.replace('+', '-')}-{repeat}")
+                    run_id = f"bench-{engines}-{_slug(mode)}-{repeat}"
+                    records = run_mode(base, mode, runs_dir, factory, run_id)
                     stats.setdefault((engines, mode), []).append(run_stats(records))
                     row = stats[(engines, mode)][-1]
                     print(f"  repeat {repeat} {engines:6} {mode:14} {row.s_per_step:.3f} s/step "
@@ -111,6 +115,10 @@ def main() -> None:
         print(f"\npublisher death -> next commit over {len(recoveries)} kills: "
               f"median {statistics.median(recoveries):.2f} s, max {max(recoveries):.2f} s")
     print(f"(bench wall time {total:.0f} s)")
+
+
+def _slug(mode: str) -> str:
+    return mode.replace("+", "-").replace("@", "-s")
 
 
 def print_table(args: argparse.Namespace, stats: dict[tuple[str, str], list]) -> None:
@@ -131,7 +139,7 @@ def print_table(args: argparse.Namespace, stats: dict[tuple[str, str], list]) ->
             rows = stats[(engines, mode)]
             median, low, high = median_spread([r.s_per_step for r in rows])
             ratio_text = vs_bound = "-"
-            if sync_rows and mode != "sync":
+            if sync_rows and not is_sync(mode):
                 ratio = median / statistics.median(r.s_per_step for r in sync_rows)
                 paired = [a.s_per_step / s.s_per_step for a, s in zip(rows, sync_rows)]
                 ratio_text = f"{ratio:.2f} ({min(paired):.2f}-{max(paired):.2f})"

@@ -96,7 +96,8 @@ def _run_writers(target, per_writer_args: list[tuple]) -> Measure:
     return Measure(latencies, max(finished for _, finished in gathered) - started)
 
 
-def measure_ledger(url: str, commits: int, writers: int) -> tuple[Measure, list[bytes], bool, float]:
+def measure_ledger(url: str, commits: int,
+                   writers: int) -> tuple[Measure, list[bytes], bool, float]:
     """``writers`` processes commit ``commits`` versions in all to one fresh run. Returns the
     measure, each committed event's JSON bytes (for the floor), the audit verdict and the
     verify rate (events/s)."""

@@ -23,7 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from _jobs import MODES, engine_factory, run_mode, run_stats, time_to_reward
+from _jobs import (
+    MODES,
+    engine_factory,
+    expand_modes,
+    is_sync,
+    run_mode,
+    run_stats,
+    time_to_reward,
+)
 from _report import machine_line, rotated
 from orchestrator.config import RunConfig
 
@@ -47,10 +55,14 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", choices=["cpu", "device"],
                         default=["cpu", "device"])
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--staleness", type=int, nargs="+", default=None,
+                        help="run each async mode at each of these max_weight_staleness values "
+                             "(default: the RunConfig default only)")
     parser.add_argument("--device-ms-per-token", type=float, default=15.0)
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 12 steps, seed 1, threshold 0.05, device engines")
     args = parser.parse_args()
+    args.modes = expand_modes(args.modes, args.staleness)
     if args.quick:
         args.steps, args.seeds, args.threshold, args.engines = 12, [1], 0.05, ["device"]
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
@@ -66,8 +78,9 @@ def main() -> None:
             for engines in args.engines:
                 factory = engine_factory(engines, args.device_ms_per_token)
                 for mode in rotated(args.modes, index):
+                    slug = mode.replace("+", "-").replace("@", "-s")
                     records = run_mode(base, mode, Path(tmp), factory,
-                                       f"ttr-{engines}-{mode.replace('+', '-')}-s{seed}")
+                                       f"ttr-{engines}-{slug}-seed{seed}")
                     steps, seconds = time_to_reward(records, args.threshold, args.window)
                     stats = run_stats(records)
                     results.setdefault((engines, mode), []).append(
@@ -94,8 +107,8 @@ def main() -> None:
             final = statistics.median(r[2] for r in rows)
             per_seed = ", ".join(_text(r[0], "d") for r in rows)
             time_ratio = (f"{seconds / sync_seconds:.2f}" if seconds and sync_seconds
-                          and mode != "sync" else "-")
-            final_ratio = f"{final / sync_final:.2f}" if sync_final and mode != "sync" else "-"
+                          and not is_sync(mode) else "-")
+            final_ratio = f"{final / sync_final:.2f}" if sync_final and not is_sync(mode) else "-"
             print(f"| {engines} | {mode} | {_text(steps, '.0f')} ({per_seed}) | "
                   f"{_text(seconds, '.1f')} | {time_ratio} | {final:.3f} | {final_ratio} | "
                   f"{statistics.median(r[3] for r in rows):.3f} |")
