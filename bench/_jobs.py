@@ -10,7 +10,11 @@ Engine set-ups:
   running on an accelerator of its own (the deployment fully-async RL is built for, and the one
   a CPU-only machine cannot show). The wait holds no core, so generation overlaps training as
   it would on separate GPUs; a weight update's pause waits for the step in progress, as on a
-  real engine. :class:`DeviceLatencyEngine` is a benchmark double.
+  real engine. The engine still computes its tokens with the real model on the CPU (they must
+  be real for the run to learn); that compute stands in for the accelerator's, so the engine
+  process runs it at the lowest CPU priority (``nice 19``): it takes only cycles the trainer
+  leaves idle, where on separate GPUs it would take none. :class:`DeviceLatencyEngine` is a
+  benchmark double.
 
 Modes (``MODES``): ``sync`` (no overlap, on-policy: the baseline), ``async`` (fully-async, a
 weight update aborts generation in flight), ``async+partial`` (fully-async with partial rollout:
@@ -65,6 +69,12 @@ class DeviceLatencyEngine(RolloutEngine):
     holding a core: the time an accelerator of its own would spend on that step."""
 
     device_s_per_token = 0.015
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        import os
+
+        os.nice(19)  # this actor's own worker process: see the module docstring
+        super().__init__(*args, **kwargs)
 
     def _before_token(self) -> None:
         time.sleep(self.device_s_per_token)
