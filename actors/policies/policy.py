@@ -10,7 +10,9 @@ Megatron on CPU is built in :mod:`actors.policies.megatron_gpt`; the twin needs 
 import megatron.
 
 LoRA: :func:`apply_lora` wraps the attention (``linear_qkv``, ``linear_proj``) and MLP
-(``linear_fc1``, ``linear_fc2``) projections with low-rank adapters and freezes everything else;
+(``linear_fc1``, ``linear_fc2``) projections and the ``output_layer`` with low-rank adapters and
+freezes everything else (this policy is trained from scratch, so its reward lives mostly in the
+output layer: adapters on the projections alone barely moved it);
 :func:`adapter_state_dict` returns only the adapter tensors (what the ``lora`` transport moves).
 """
 
@@ -42,7 +44,9 @@ __all__ = [
 ]
 
 BACKENDS: tuple[str, ...] = ("torch", "megatron")
-LORA_TARGETS: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+LORA_TARGETS: tuple[str, ...] = (
+    "linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "output_layer",
+)
 _INIT_STD = 0.02
 
 
