@@ -43,7 +43,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from actors.policies.hf_policy import HFPolicyConfig, hf_config, read_checkpoint
-from actors.policies.policy import PolicyError, apply_lora, ensure_megatron_parallel_state, load_tensors
+from actors.policies.policy import (
+    PROJECTION_LORA_TARGETS,
+    PolicyError,
+    apply_lora,
+    ensure_megatron_parallel_state,
+    load_tensors,
+)
 
 __all__ = ["LlamaShape", "build_megatron_llama", "hf_to_megatron", "megatron_to_hf"]
 
@@ -281,5 +287,7 @@ def build_megatron_llama(config: HFPolicyConfig | dict[str, Any], seed: int = 0)
             load_tensors(model, hf_to_megatron(read_checkpoint(policy_config.model_dir),
                                                shape), adapters_only=False)
             if policy_config.lora_rank > 0:
-                apply_lora(model, policy_config.lora_rank, policy_config.lora_alpha)
+                # The projections only, as HF_LORA_TARGETS (what the vLLM engine merges).
+                apply_lora(model, policy_config.lora_rank, policy_config.lora_alpha,
+                           targets=PROJECTION_LORA_TARGETS)
     return model

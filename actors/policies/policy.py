@@ -32,6 +32,7 @@ from actors.policies.megatron_gpt import build_megatron_gpt, ensure_megatron_par
 __all__ = [
     "BACKENDS",
     "LORA_TARGETS",
+    "PROJECTION_LORA_TARGETS",
     "LoRALinear",
     "PolicyConfig",
     "PolicyError",
@@ -44,9 +45,8 @@ __all__ = [
 ]
 
 BACKENDS: tuple[str, ...] = ("torch", "megatron")
-LORA_TARGETS: tuple[str, ...] = (
-    "linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "output_layer",
-)
+PROJECTION_LORA_TARGETS: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+LORA_TARGETS: tuple[str, ...] = (*PROJECTION_LORA_TARGETS, "output_layer")
 _INIT_STD = 0.02
 
 
@@ -127,8 +127,9 @@ def _linear_shape(module: nn.Module) -> tuple[int, int]:
     return in_features, out_features
 
 
-def apply_lora(model: nn.Module, rank: int, alpha: float) -> nn.Module:
-    """Wrap every projection named in :data:`LORA_TARGETS` with a :class:`LoRALinear`.
+def apply_lora(model: nn.Module, rank: int, alpha: float,
+               targets: tuple[str, ...] = LORA_TARGETS) -> nn.Module:
+    """Wrap every module named in ``targets`` with a :class:`LoRALinear`.
 
     Freezes all base parameters; only ``lora_a`` / ``lora_b`` train. Idempotent: a model that
     already has adapters is returned unchanged. Returns ``model`` (modified in place).
@@ -138,17 +139,17 @@ def apply_lora(model: nn.Module, rank: int, alpha: float) -> nn.Module:
     """
     if any(isinstance(m, LoRALinear) for m in model.modules()):
         return model
-    targets = [
+    found = [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if name in LORA_TARGETS
+        if name in targets
     ]
-    if not targets:
-        raise PolicyError(f"no LoRA target {LORA_TARGETS} in {type(model).__name__}")
+    if not found:
+        raise PolicyError(f"no LoRA target {targets} in {type(model).__name__}")
     for parameter in model.parameters():
         parameter.requires_grad_(False)
-    for parent, name, child in targets:
+    for parent, name, child in found:
         in_features, out_features = _linear_shape(child)
         setattr(parent, name, LoRALinear(child, in_features, out_features, rank, alpha))
     return model
