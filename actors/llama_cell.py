@@ -5,10 +5,10 @@ The trainer side of ``--engine vllm``. Everything a :class:`~actors.train_cell.T
 healing) is inherited unchanged; only the model and the names on the wire differ:
 
 - ``backend="hf"``: a ``transformers`` Llama (:func:`actors.policies.hf_policy.build_hf_policy`). Its
-  parameter names are vLLM's, so ``transfer`` sends them as they are.
+  parameter names are vLLM's, so a publish sends them as they are.
 - ``backend="megatron"``: a megatron-core ``GPTModel`` with Llama's architecture
-  (:func:`actors.policies.megatron_llama.build_megatron_llama`); ``transfer`` converts its tensors to HF
-  names and layouts on the way out (:func:`actors.policies.megatron_llama.megatron_to_hf`), and the
+  (:func:`actors.policies.megatron_llama.build_megatron_llama`); ``outgoing_weights`` converts its
+  tensors to HF names and layouts on the way out (:func:`actors.policies.megatron_llama.megatron_to_hf`), and the
   checksum committed to the ledger is the one of what the engines received.
 
 Both start from the weights of ``policy.model_dir``, the directory the engines load, so
@@ -22,7 +22,6 @@ keeps the cell's own code untouched.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -31,7 +30,6 @@ from torch import nn
 from actors.policies.hf_policy import HFPolicyConfig, build_hf_policy, hf_config
 from actors.policies.policy import PolicyConfig, PolicyError
 from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell
-from actors.weight_sync import collect_weights, transfer_weights
 
 __all__ = ["LLAMA_BACKENDS", "LlamaTrainCell", "build_llama_policy"]
 
@@ -105,21 +103,17 @@ class LlamaTrainCell(TrainCell):
 
             self._shape = LlamaShape(hf_config(llama.model_dir))
 
-    def transfer(self, engines: Sequence[Any], epoch: int) -> str:
-        """Step 3 under Hugging Face names: megatron tensors are converted on the way out.
-
-        Returns the checksum of what the engines received (the one committed).
+    def outgoing_weights(self) -> dict[str, torch.Tensor]:
+        """What a publish sends, under Hugging Face names: megatron tensors are converted on
+        the way out (the checksum committed is of the converted tensors, what engines get).
 
         Raises:
-            StaleEpochError, TransferError, EngineStateError, PolicyError: see
-                :func:`actors.weight_sync.transfer_weights`; nothing may be committed.
+            PolicyError: a megatron tensor the bridge has no Hugging Face name for.
         """
+        tensors = super().outgoing_weights()
         if self._shape is None:
-            return super().transfer(engines, epoch)
+            return tensors
         from actors.policies.megatron_llama import megatron_to_hf
 
         with torch.no_grad():
-            tensors = megatron_to_hf(collect_weights(self.model, self.transport), self._shape)
-        checksum = transfer_weights(engines, tensors, epoch, self.transport)
-        self._pending_checksum = checksum
-        return checksum
+            return megatron_to_hf(tensors, self._shape)

@@ -37,7 +37,6 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-import ray
 import torch
 
 from actors.cluster.checkpoint_io import is_readable, read_bytes, to_url, write_bytes_atomic
@@ -49,11 +48,14 @@ from actors.task import TOKENIZER
 from actors.weight_sync import (
     TRANSPORTS,
     FinalizeReport,
-    begin_engine_update,
+    StagedWeights,
+    await_engine_pause,
     collect_weights,
     finalize_and_resume_engines,
+    load_staged_weights,
+    request_engine_pause,
+    stage_weights,
     tensors_checksum,
-    transfer_weights,
 )
 from ledger import EventKind, FencedError, Ledger
 from orchestrator.rollout.types import Group, Sample
@@ -201,13 +203,16 @@ class TrainCell:
                 touched.
             StaleEpochError: an engine has seen a newer epoch (this cell is a zombie).
         """
+        self._record_update_started(epoch)
+        await_engine_pause(request_engine_pause(engines, epoch))
+
+    def _record_update_started(self, epoch: int) -> None:
         self._ledger().append(
             self.run_id, EventKind.WEIGHT_UPDATE_STARTED,
             {"train_step": self.train_step_count, "transport": self.transport},
             cell_id=self.cell_id, epoch=epoch,
             idempotency_key=self._key("update_started", epoch),
         )
-        begin_engine_update(engines, epoch)
 
     def transfer(self, engines: Sequence[Any], epoch: int) -> str:
         """Step 3: move this cell's weights (per its transport) into every paused engine.
@@ -219,8 +224,17 @@ class TrainCell:
             StaleEpochError, TransferError, EngineStateError: see
                 :func:`actors.weight_sync.transfer_weights`; nothing may be committed.
         """
-        checksum = transfer_weights(engines, collect_weights(self.model, self.transport),
-                                    epoch, self.transport)
+        return self._load(engines, self._stage(engines), epoch)
+
+    def outgoing_weights(self) -> dict[str, torch.Tensor]:
+        """A copy of what a publish sends engines (all tensors, or the LoRA adapters)."""
+        return collect_weights(self.model, self.transport)
+
+    def _stage(self, engines: Sequence[Any]) -> StagedWeights:
+        return stage_weights(engines, self.outgoing_weights())
+
+    def _load(self, engines: Sequence[Any], staged: StagedWeights, epoch: int) -> str:
+        checksum = load_staged_weights(engines, staged, epoch, self.transport)
         self._pending_checksum = checksum
         return checksum
 
@@ -291,8 +305,13 @@ class TrainCell:
             TransferError, EngineStateError: the transfer failed; nothing committed.
         """
         try:
-            self.begin_update(engines, epoch)
-            checksum = self.transfer(engines, epoch)
+            self._record_update_started(epoch)
+            pausing = request_engine_pause(engines, epoch)
+            # Engines finish their decode step in progress before they pause: the weights
+            # are copied, checksummed and put in the object store meanwhile.
+            staged = self._stage(engines)
+            await_engine_pause(pausing)
+            checksum = self._load(engines, staged, epoch)
         except FencedError:
             raise  # superseded: there is nothing this cell may record
         except Exception as exc:

@@ -37,9 +37,15 @@ from actors.policies.policy import adapter_state_dict, tensor_state_dict
 __all__ = [
     "TRANSPORTS",
     "FinalizeReport",
+    "PendingCalls",
+    "StagedWeights",
+    "await_engine_pause",
     "begin_engine_update",
     "collect_weights",
     "finalize_and_resume_engines",
+    "load_staged_weights",
+    "request_engine_pause",
+    "stage_weights",
     "tensors_checksum",
     "transfer_weights",
 ]
@@ -82,9 +88,13 @@ def _unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
-def _call_all(engines: Sequence[Any], method: str, *args: Any) -> list[Any]:
-    """Call ``method`` on every engine; the result or the (unwrapped) exception per engine."""
-    pending: list[tuple[bool, Any]] = []
+PendingCalls = list[tuple[bool, Any]]
+"""Calls sent to engines: ``(is_object_ref, ref_or_result)`` per engine."""
+
+
+def _send_all(engines: Sequence[Any], method: str, *args: Any) -> PendingCalls:
+    """Send ``method`` to every engine (actors: without waiting; plain objects: called)."""
+    pending: PendingCalls = []
     for engine in engines:
         if isinstance(engine, ActorHandle):
             pending.append((True, getattr(engine, method).remote(*args)))
@@ -93,6 +103,16 @@ def _call_all(engines: Sequence[Any], method: str, *args: Any) -> list[Any]:
             pending.append((False, getattr(engine, method)(*args)))
         except Exception as exc:  # noqa: BLE001 - reported per engine to the caller
             pending.append((False, exc))
+    return pending
+
+
+def _call_all(engines: Sequence[Any], method: str, *args: Any) -> list[Any]:
+    """Call ``method`` on every engine; the result or the (unwrapped) exception per engine."""
+    return _gather(_send_all(engines, method, *args))
+
+
+def _gather(pending: PendingCalls) -> list[Any]:
+    """Wait for :func:`_send_all`'s calls; the result or the (unwrapped) exception of each."""
     results: list[Any] = []
     for is_ref, value in pending:
         if not is_ref:
@@ -128,9 +148,41 @@ def begin_engine_update(engines: Sequence[Any], epoch: int) -> list[dict[str, An
             engines that accepted stay paused until the newer publisher resumes them.
         ray.exceptions.RayActorError: an engine died.
     """
-    results = _call_all(engines, "begin_update", epoch)
+    return await_engine_pause(request_engine_pause(engines, epoch))
+
+
+def request_engine_pause(engines: Sequence[Any], epoch: int) -> PendingCalls:
+    """The first half of :func:`begin_engine_update`: send the pause, do not wait. Engines
+    finish their decode step in progress meanwhile (:func:`stage_weights` can run then)."""
+    return _send_all(engines, "begin_update", epoch)
+
+
+def await_engine_pause(pending: PendingCalls) -> list[dict[str, Any]]:
+    """The second half of :func:`begin_engine_update`: wait until every engine has paused.
+
+    Raises:
+        StaleEpochError, ray.exceptions.RayActorError: as :func:`begin_engine_update`.
+    """
+    results = _gather(pending)
     _raise_first(results)
     return results
+
+
+@dataclass(frozen=True)
+class StagedWeights:
+    """Tensors ready to load: their checksum and what engines are sent (one object-store
+    copy for actor engines, the dict itself for in-process ones)."""
+
+    checksum: str
+    payload: Any
+
+
+def stage_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor]) -> StagedWeights:
+    """Checksum ``tensors`` and, for actor engines, put them in the object store once."""
+    payload: Any = tensors
+    if any(isinstance(engine, ActorHandle) for engine in engines):
+        payload = ray.put(tensors)  # one copy in the object store, shared by every engine
+    return StagedWeights(tensors_checksum(tensors), payload)
 
 
 def transfer_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor], epoch: int,
@@ -148,16 +200,22 @@ def transfer_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor], e
             its model (nothing loaded in that engine).
         ray.exceptions.RayActorError: an engine died.
     """
-    checksum = tensors_checksum(tensors)
-    payload: Any = tensors
-    if any(isinstance(engine, ActorHandle) for engine in engines):
-        payload = ray.put(tensors)  # one copy in the object store, shared by every engine
-    results = _call_all(engines, "load_weights", payload, epoch, transport)
+    return load_staged_weights(engines, stage_weights(engines, tensors), epoch, transport)
+
+
+def load_staged_weights(engines: Sequence[Any], staged: StagedWeights, epoch: int,
+                        transport: str) -> str:
+    """:func:`transfer_weights` of weights already staged; returns their checksum.
+
+    Raises:
+        As :func:`transfer_weights`.
+    """
+    results = _call_all(engines, "load_weights", staged.payload, epoch, transport)
     _raise_first(results)
-    mismatched = [i for i, received in enumerate(results) if received != checksum]
+    mismatched = [i for i, received in enumerate(results) if received != staged.checksum]
     if mismatched:
         raise TransferError(f"engines {mismatched} received weights with another checksum")
-    return checksum
+    return staged.checksum
 
 
 @dataclass

@@ -6,14 +6,20 @@ Not a benchmark itself. ``bench/async_vs_sync.py`` and ``bench/time_to_reward.py
 Engine set-ups:
 
 - ``cpu``: the built-in engines, sampling on the same CPU cores the trainer cells use.
-- ``device``: the same engines, plus a fixed wait per decode step that stands for that step
+- ``device``: the same engines, plus a wait per decode step that stands for that step
   running on an accelerator of its own (the deployment fully-async RL is built for, and the one
   a CPU-only machine cannot show). The wait holds no core, so generation overlaps training as
-  it would on separate GPUs; a weight update's pause waits for the step in progress, as on a
-  real engine. The engine still computes its tokens with the real model on the CPU (they must
-  be real for the run to learn); that compute stands in for the accelerator's, so the engine
-  process runs it at the lowest CPU priority (``nice 19``): it takes only cycles the trainer
-  leaves idle, where on separate GPUs it would take none. :class:`DeviceLatencyEngine` is a
+  it would on separate GPUs. As on a batching engine (vLLM, SGLang), every sequence of an engine
+  advances in one device step: the steps end on the ticks of a ``device_s_per_token`` clock,
+  and a token computed on the CPU is out at the next tick; so a weight update's pause waits for
+  the step in progress (half a step on average), as on a real engine, not for the slowest of
+  many independent per-call waits. The engine still computes its tokens with the real model on the CPU (they must
+  be real for the run to learn); that compute stands in for the accelerator's, so the threads
+  that generate run under ``SCHED_IDLE``: they take only cycles the trainer leaves idle, where
+  on separate GPUs they would take none. (``nice 19`` was not enough: Ray starts its workers,
+  the train cells included, at nice 15, and against nice 15 a nice-19 engine still took about
+  a third of a core.) The engine's control calls (pause, load, stamp, resume) keep the normal
+  priority, as an engine's host CPU would serve them. :class:`DeviceLatencyEngine` is a
   benchmark double.
 
 Modes (``MODES``): ``sync`` (no overlap, on-policy: the baseline), ``async`` (fully-async, a
@@ -26,6 +32,7 @@ mode label may end in ``@S`` to run it with ``max_weight_staleness = S`` (``asyn
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -65,19 +72,28 @@ _REJECTED = ("stale_filtered", "aborted_filtered", "dynamic_filtered", "partial_
 
 
 class DeviceLatencyEngine(RolloutEngine):
-    """A RolloutEngine whose every decode step also waits ``device_s_per_token`` without
-    holding a core: the time an accelerator of its own would spend on that step."""
+    """A RolloutEngine whose every decode step also waits, without holding a core, for the
+    next tick of a ``device_s_per_token`` clock: the batched step an accelerator of its own
+    would run."""
 
     device_s_per_token = 0.015
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        import os
+    def generate(self, *args: Any, **kwargs: Any) -> list[Any]:
+        _run_on_idle_cycles_only()  # this generating thread, from now on
+        return super().generate(*args, **kwargs)
 
-        os.nice(19)  # this actor's own worker process: see the module docstring
-        super().__init__(*args, **kwargs)
+    def _forward_step(self, tokens: Any) -> Any:
+        logits = super()._forward_step(tokens)  # the device's work, done on the CPU
+        step = self.device_s_per_token
+        time.sleep(step - time.monotonic() % step)  # the rest of this device step
+        return logits
 
-    def _before_token(self) -> None:
-        time.sleep(self.device_s_per_token)
+
+def _run_on_idle_cycles_only() -> None:
+    """Put the calling thread under ``SCHED_IDLE`` (on Linux a scheduling policy is per
+    thread); where that policy does not exist, leave it as it is."""
+    if hasattr(os, "SCHED_IDLE"):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def engine_factory(setup: str, ms_per_token: float = 15.0):

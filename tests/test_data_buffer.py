@@ -98,6 +98,7 @@ def test_stale_group_is_dropped_under_drop():
     buffer = run_async(scenario)
 
     assert buffer.prompt_states()[0] == "dropped:stale"
+    assert buffer.dropped_prompts() == {0: "stale"}  # prompt 1, claimed, is not in it
     metrics = buffer.pop_step_metrics()
     assert metrics[M + "stale_filtered"] == 1
     assert metrics[M + "dropped/stale"] == 1
@@ -198,6 +199,7 @@ def test_always_stale_prompt_is_recycled_max_recycles_times_then_starved():
 
     assert counts == [0, 1, 2]
     assert buffer.prompt_states()[0] == "dropped:starved"
+    assert buffer.dropped_prompts() == {0: "starved"}
     metrics = buffer.pop_step_metrics()
     assert metrics[M + "recycled"] == 2
     assert metrics[M + "starved"] == 1

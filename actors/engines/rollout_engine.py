@@ -199,7 +199,12 @@ class RolloutEngine:
 
     def _before_token(self) -> None:
         """Called before each decode step, while the call counts as running (a pause waits
-        for it). A hook for engines that model extra per-step time (benchmarks)."""
+        for it). A hook for engines that model extra per-step time (tests, benchmarks)."""
+
+    def _forward_step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One decode step of the model: the last position's logits ``[rows, vocab]``. A
+        pause waits for the step in progress (benchmark doubles model a device step here)."""
+        return self.model(tokens)[:, -1, :].float()
 
     def _park(self) -> int | None:
         """Wait at a token boundary while paused (``in_place``). Returns the version to go on
@@ -241,7 +246,7 @@ class RolloutEngine:
             if tokens.shape[1] >= self.max_sequence_length:
                 break
             self._before_token()
-            logits = self.model(tokens)[:, -1, :].float()
+            logits = self._forward_step(tokens)
             step_log_probs = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
             if temperature == 0:
                 next_tokens = logits.argmax(dim=-1)

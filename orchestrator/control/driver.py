@@ -301,6 +301,7 @@ class TrainingJob:
             timings = {"time/drain_wait_s": time.monotonic() - step_started}
 
             self.supervisor.check_cells()
+            engine_probe = self.supervisor.probe_engines()  # answered while the cells train
             started = time.monotonic()
             self.hooks.before_train_step(self, step)
             try:
@@ -310,7 +311,7 @@ class TrainingJob:
             timings["time/train_s"] = time.monotonic() - started
 
             version = None
-            if self.supervisor.restart_dead_engines() or self._publish_due(step):
+            if self.supervisor.restart_dead_engines(engine_probe) or self._publish_due(step):
                 started = time.monotonic()
                 version = self.publisher.publish_weights().version
                 timings["time/update_weights_s"] = time.monotonic() - started
@@ -344,15 +345,13 @@ class TrainingJob:
                           produced_version: int | None) -> None:
         """Append the step's ``batch_trained`` event (what it trained, on which versions, and
         the prompts it settled); from then on its prompts are on record as trained."""
-        prompt_states = self.supervisor.call_manager(
-            lambda manager: manager.prompt_states.remote())
-        next_index = self.supervisor.call_manager(
-            lambda manager: manager.next_prompt_index.remote())
+        dropped_prompts, next_index = self.supervisor.call_manager(
+            lambda manager: manager.provenance_snapshot.remote())
         self.provenance.record(
             step + 1, batch, trainer_version=trainer_version,
             produced_version=produced_version, cells=self.supervisor.cells.alive_ids(),
             drain_version=int(batch.metrics.get(metric_key("weight_version"), trainer_version)),
-            prompt_states=prompt_states, next_index=next_index,
+            dropped_prompts=dropped_prompts, next_index=next_index,
             recycled=int(batch.metrics.get(metric_key("recycled"), 0)),
         )
         self.supervisor.prompts_in_hand = set()

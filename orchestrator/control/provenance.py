@@ -37,8 +37,6 @@ __all__ = [
     "write_manager_state_from_ledger",
 ]
 
-_DROPPED = "dropped:"
-
 
 def write_manager_state_from_ledger(ledger: Ledger, run_id: str, path: Path, *,
                                     held: Iterable[int] = ()) -> PromptLedger:
@@ -74,20 +72,20 @@ class ProvenanceRecorder:
 
     def record(self, train_step: int, batch: RolloutFnTrainOutput, *, trainer_version: int,
                produced_version: int | None, cells: Sequence[str],
-               drain_version: int, prompt_states: dict[int, str], next_index: int,
+               drain_version: int, dropped_prompts: dict[int, str], next_index: int,
                recycled: int) -> Event:
         """Append the ``batch_trained`` event of ``train_step`` (1-based); returns it.
 
         ``drain_version`` is the version the batch was drained at (staleness is measured from
-        it); ``prompt_states`` is the rollout manager's map prompt -> state; drops not reported
-        yet are reported now. Idempotent per step (a retried append returns the stored one).
+        it); ``dropped_prompts`` is the rollout manager's map prompt -> drop reason; drops not
+        reported yet are reported now. Idempotent per step (a retried append returns the stored one).
         """
         samples = [sample for group in batch.samples for sample in group]
         trained = sorted({sample.group_index for sample in samples})
         dropped: dict[str, list[int]] = {}
-        for index, state in sorted(prompt_states.items()):
-            if state.startswith(_DROPPED) and index not in self._reported_dropped:
-                dropped.setdefault(state[len(_DROPPED):], []).append(index)
+        for index, reason in sorted(dropped_prompts.items()):
+            if index not in self._reported_dropped:
+                dropped.setdefault(reason, []).append(index)
                 self._reported_dropped.add(index)
         payload = {
             "train_step": train_step,

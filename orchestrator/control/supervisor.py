@@ -18,6 +18,7 @@ rollout manager, and nothing else restarts or retries anything:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -299,15 +300,20 @@ class Supervisor:
 
     # ------------------------------------------------------------------ engines
 
-    def restart_dead_engines(self) -> list[str]:
+    def probe_engines(self) -> dict[str, Any]:
+        """Ask every engine for its health; returns the pending answers for
+        :meth:`restart_dead_engines` (sent before a train step, they come in meanwhile)."""
+        return {engine_id: engine.health.remote() for engine_id, engine in self.engines.items()}
+
+    def restart_dead_engines(self, probe: dict[str, Any] | None = None) -> list[str]:
         """Replace engines Ray reports dead with new actors; returns their ids. A new engine
         starts with version-0 weights: it serves only after the next publish hands it over
-        (:meth:`hand_over_engines`).
+        (:meth:`hand_over_engines`). ``probe``: answers of :meth:`probe_engines` (else asks now).
 
         Raises:
             SupervisionLimitError: the restart budget is spent.
         """
-        refs = {engine_id: engine.health.remote() for engine_id, engine in self.engines.items()}
+        refs = probe if probe is not None else self.probe_engines()
         dead = []
         for engine_id, ref in refs.items():
             try:
@@ -317,10 +323,8 @@ class Supervisor:
         for engine_id in dead:
             self._budget.charge(f"restarting engine {engine_id}")
             logger.warning("engine %s is dead; starting a replacement", engine_id)
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 ray.kill(self.engines[engine_id], no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
             self.engines[engine_id] = self._create_engine(self.config, engine_id)
         if dead:
             ray.get([self.engines[engine_id].health.remote() for engine_id in dead])

@@ -281,6 +281,10 @@ class DataBuffer:
         """Every prompt index this buffer saw -> its state (``dropped:<reason>`` if dropped)."""
         return self._prompts.prompt_states()
 
+    def dropped_prompts(self) -> dict[int, str]:
+        """Every prompt this buffer dropped -> the reason."""
+        return self._prompts.dropped_prompts()
+
     def recycle_counts(self) -> dict[int, int]:
         """Recycle count of every prompt that is not finished."""
         return self._prompts.recycle_counts()

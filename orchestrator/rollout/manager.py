@@ -234,6 +234,11 @@ class RolloutManager:
         """Index of the next fresh prompt the source will hand out."""
         return self._source.next_index
 
+    def provenance_snapshot(self) -> tuple[dict[int, str], int]:
+        """What a ``batch_trained`` event needs from the manager, in one call: every prompt it
+        dropped (index -> reason) and :meth:`next_prompt_index`."""
+        return self._buffer.dropped_prompts(), self._source.next_index
+
     def metrics(self) -> dict[str, Any]:
         """Cumulative manager metrics: version, refusals, totals, prompt accounting."""
         accounting = self._buffer.accounting()

@@ -107,6 +107,7 @@ class PromptTracker:
         self.max_recycles = max_recycles
         self._live: dict[int, _Entry] = {}
         self._outcomes: dict[int, str] = {}  # terminal: "trained" or "dropped:<reason>"
+        self._drop_reasons: dict[int, str] = {}  # the dropped ones of _outcomes: index -> reason
         self._pending: deque[int] = deque()
         self._entered = 0
         self._trained = 0
@@ -167,6 +168,7 @@ class PromptTracker:
         self.expect(prompt_index, expected)
         del self._live[prompt_index]
         self._outcomes[prompt_index] = f"{PromptState.DROPPED.value}:{reason}"
+        self._drop_reasons[prompt_index] = reason
         self._dropped[reason] += 1
 
     def train(self, prompt_indices: Iterable[int]) -> None:
@@ -231,6 +233,11 @@ class PromptTracker:
         states = dict(self._outcomes)
         states.update({index: entry.state.value for index, entry in self._live.items()})
         return states
+
+    def dropped_prompts(self) -> dict[int, str]:
+        """Every prompt this tracker dropped -> the reason (few: a small map, unlike
+        :meth:`prompt_states`, which grows with every prompt of the run)."""
+        return dict(self._drop_reasons)
 
     def recycle_counts(self) -> dict[int, int]:
         """Recycle count of every prompt that is not finished."""
