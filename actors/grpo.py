@@ -4,7 +4,11 @@ Samples come from rollout engines that may run older weights than the trainer (f
 Each response token carries the log-probability the engine sampled it with; the loss weights
 the token's advantage by ``ratio = exp(logp_now - logp_rollout)`` clipped PPO-style to
 ``[1 - clip_low, 1 + clip_high]``, so off-policy samples are corrected and cannot move the
-policy far in one step. The loss is the mean over all response tokens of the batch.
+policy far in one step. For a negative advantage the PPO minimum does not bound the ratio;
+the dual clip (Ye et al. 2020, verl's ``clip_ratio_c``) does: such a token contributes at most
+``dual_clip * |advantage|``, so one far off-policy token cannot dominate a step (fully-async
+runs here see ratios above 10 on stale tokens). The loss is the mean over all response tokens
+of the batch.
 
 Log-probs on both sides are ``log_softmax(logits / temperature)`` of the chosen token (top-p
 filtering is ignored, as is usual: the engine records the unfiltered value).
@@ -32,10 +36,12 @@ __all__ = ["GRPOConfig", "TrainBatch", "build_train_batch", "grpo_loss", "group_
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    """Knobs of the objective. ``temperature`` must equal the engines' sampling temperature."""
+    """Knobs of the objective. ``temperature`` must equal the engines' sampling temperature;
+    ``dual_clip`` None turns the dual clip off."""
 
     clip_low: float = 0.2
     clip_high: float = 0.28
+    dual_clip: float | None = 3.0
     temperature: float = 1.0
     advantage_eps: float = 1e-6
 
@@ -137,13 +143,20 @@ def grpo_loss(model: nn.Module, batch: TrainBatch,
     advantages = batch.advantages[:, None].expand_as(ratio)
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high) * advantages
-    loss = -(torch.minimum(unclipped, clipped) * mask).sum() / num_tokens
+    objective = torch.minimum(unclipped, clipped)
+    dual_clipped = torch.zeros_like(objective, dtype=torch.bool)
+    if config.dual_clip is not None:
+        bound = config.dual_clip * advantages
+        dual_clipped = (advantages < 0) & (objective < bound)
+        objective = torch.where(dual_clipped, bound, objective)
+    loss = -(objective * mask).sum() / num_tokens
     with torch.no_grad():
         was_clipped = ((unclipped != clipped) & (mask > 0)).float().sum() / num_tokens
         metrics = {
             "loss": float(loss.item()),
             "reward_mean": float(batch.rewards.mean().item()),
             "clip_fraction": float(was_clipped.item()),
+            "dual_clip_fraction": float((dual_clipped & (mask > 0)).float().sum() / num_tokens),
             "approx_kl": float(((ratio - 1.0) - log_ratio).mul(mask).sum().div(num_tokens)),
             "ratio_max": float(ratio.masked_fill(mask == 0, 0.0).max().item()),
             "num_tokens": float(num_tokens.item()),

@@ -172,6 +172,12 @@ class RunConfig(BaseModel):
     eps_clip_high: float = Field(
         default=0.28, gt=0.0, lt=1.0, description="upper PPO clip: ratio <= 1 + eps_clip_high"
     )
+    eps_clip_c: float | None = Field(
+        default=3.0, gt=1.0,
+        description="dual clip (verl's clip_ratio_c): a token with a negative advantage adds at "
+                    "most eps_clip_c * |advantage| to the loss, however far off-policy it is; "
+                    "null in --config turns it off",
+    )
 
     # Sampling.
     temperature: float = Field(default=1.0, gt=0.0, description="sampling temperature")

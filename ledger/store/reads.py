@@ -25,6 +25,9 @@ from ledger.schema import ledger_events, run_heads, runs
 __all__ = ["READ_PAGE", "Reader", "RunSummary"]
 
 READ_PAGE = 1_000
+# Built once: building a select costs as much as running it on SQLite, and the rollout path
+# reads the head every drain.
+_HEAD_ROW = sa.select(run_heads).where(run_heads.c.run_id == sa.bindparam("run_id"))
 
 
 @dataclass(frozen=True)
@@ -102,9 +105,7 @@ class Reader:
     def head_row(self, run_id: str) -> sa.Row | None:
         """The run's ``run_heads`` row, or None."""
         with _decoding("corrupt head row in the ledger"):
-            return self.conn.execute(
-                sa.select(run_heads).where(run_heads.c.run_id == run_id)
-            ).first()
+            return self.conn.execute(_HEAD_ROW, {"run_id": run_id}).first()
 
     def head(self, run_id: str) -> Head:
         """The run's head row.

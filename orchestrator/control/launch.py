@@ -210,13 +210,16 @@ def create_cell(config: RunConfig, cell_id: str):
     """A ``TrainCell`` actor with the run's policy, optimizer and transport, bound to the
     run's ledger (``config.db``, ``config.run_id``) for publishing. The ``lora`` transport
     trains only the adapters, at ``lora_lr``. With ``--engine vllm``, a ``LlamaTrainCell``."""
+    from actors.grpo import GRPOConfig
+
+    objective = GRPOConfig(clip_low=config.eps_clip, clip_high=config.eps_clip_high,
+                           dual_clip=config.eps_clip_c, temperature=config.temperature)
     if config.engine == "vllm":
         from orchestrator.control.engines.vllm_launch import create_llama_cell
 
-        return create_llama_cell(config, cell_id, CELL_CPUS, **scheduling_options())
+        return create_llama_cell(config, cell_id, CELL_CPUS, objective, **scheduling_options())
     import ray
 
-    from actors.grpo import GRPOConfig
     from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell
 
     options = {**TRAIN_CELL_ACTOR_OPTIONS, "num_cpus": CELL_CPUS, **scheduling_options()}
@@ -224,10 +227,7 @@ def create_cell(config: RunConfig, cell_id: str):
         cell_id, config.backend, policy_config(config), seed=config.seed,
         transport=config.transport,
         learning_rate=config.lora_lr if config.transport == "lora" else config.lr,
-        grpo=GRPOConfig(
-            clip_low=config.eps_clip, clip_high=config.eps_clip_high,
-            temperature=config.temperature,
-        ),
+        grpo=objective,
         collective_timeout_s=config.heartbeat_timeout_s,
         ledger_url=config.db, run_id=config.run_id,
     )

@@ -84,12 +84,13 @@ def create_vllm_engine(config: RunConfig, engine_id: str, num_cpus: float,
     )
 
 
-def create_llama_cell(config: RunConfig, cell_id: str, num_cpus: float, **actor_options: Any):
+def create_llama_cell(config: RunConfig, cell_id: str, num_cpus: float, objective: Any,
+                      **actor_options: Any):
     """A ``LlamaTrainCell`` actor (``hf`` or ``megatron`` backend) bound to the run's ledger,
-    with the optimizer and objective ``launch.create_cell`` gives built-in cells."""
+    with the optimizer ``launch.create_cell`` gives built-in cells and its ``objective`` (an
+    ``actors.grpo.GRPOConfig``)."""
     import ray
 
-    from actors.grpo import GRPOConfig
     from actors.llama_cell import LLAMA_CELL_ACTOR_OPTIONS, LlamaTrainCell
 
     options = {**LLAMA_CELL_ACTOR_OPTIONS, "num_cpus": num_cpus, **actor_options}
@@ -97,8 +98,7 @@ def create_llama_cell(config: RunConfig, cell_id: str, num_cpus: float, **actor_
         cell_id, config.backend, llama_policy(config), seed=config.seed,
         transport=config.transport,
         learning_rate=config.lora_lr if config.transport == "lora" else config.lr,
-        grpo=GRPOConfig(clip_low=config.eps_clip, clip_high=config.eps_clip_high,
-                        temperature=config.temperature),
+        grpo=objective,
         collective_timeout_s=config.heartbeat_timeout_s,
         ledger_url=config.db, run_id=config.run_id,
     )
