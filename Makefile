@@ -36,7 +36,7 @@ run: install
 	$(BIN)/orchestrator run
 
 test: install-vllm
-	$(BIN)/python -m pytest -m "not slow" -q -ra
+	$(BIN)/python -m pytest -m "not slow" -q -ra --durations=25
 
 drills: install-vllm
 	$(BIN)/python -m pytest -m slow -q -ra tests
