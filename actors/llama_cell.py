@@ -4,12 +4,14 @@ The trainer side of ``--engine vllm``. Everything a :class:`~actors.train_cell.T
 (GRPO step, gradient group, the weight-update sequence of DESIGN section 5, checkpoints,
 healing) is inherited unchanged; only the model and the names on the wire differ:
 
-- ``backend="hf"``: a ``transformers`` Llama (:func:`actors.policies.hf_policy.build_hf_policy`). Its
-  parameter names are vLLM's, so a publish sends them as they are.
+- ``backend="hf"``: a ``transformers`` Llama
+  (:func:`actors.policies.hf_policy.build_hf_policy`). Its parameter names are vLLM's, so a
+  publish sends them as they are.
 - ``backend="megatron"``: a megatron-core ``GPTModel`` with Llama's architecture
-  (:func:`actors.policies.megatron_llama.build_megatron_llama`); ``outgoing_weights`` converts its
-  tensors to HF names and layouts on the way out (:func:`actors.policies.megatron_llama.megatron_to_hf`), and the
-  checksum committed to the ledger is the one of what the engines received.
+  (:func:`actors.policies.megatron_llama.build_megatron_llama`); ``outgoing_weights`` converts
+  its tensors to HF names and layouts on the way out
+  (:func:`actors.policies.megatron_llama.megatron_to_hf`), and the checksum committed to the
+  ledger is the one of what the engines received.
 
 Both start from the weights of ``policy.model_dir``, the directory the engines load, so
 version 0 is the same model everywhere.

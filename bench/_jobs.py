@@ -13,14 +13,14 @@ Engine set-ups:
   advances in one device step: the steps end on the ticks of a ``device_s_per_token`` clock,
   and a token computed on the CPU is out at the next tick; so a weight update's pause waits for
   the step in progress (half a step on average), as on a real engine, not for the slowest of
-  many independent per-call waits. The engine still computes its tokens with the real model on the CPU (they must
-  be real for the run to learn); that compute stands in for the accelerator's, so the threads
-  that generate run under ``SCHED_IDLE``: they take only cycles the trainer leaves idle, where
-  on separate GPUs they would take none. (``nice 19`` was not enough: Ray starts its workers,
-  the train cells included, at nice 15, and against nice 15 a nice-19 engine still took about
-  a third of a core.) The engine's control calls (pause, load, stamp, resume) keep the normal
-  priority, as an engine's host CPU would serve them. :class:`DeviceLatencyEngine` is a
-  benchmark double.
+  many independent per-call waits. The engine still computes its tokens with the real model
+  on the CPU (they must be real for the run to learn); that compute stands in for the
+  accelerator's, so the threads that generate run under ``SCHED_IDLE``: they take only cycles
+  the trainer leaves idle, where on separate GPUs they would take none. (``nice 19`` was not
+  enough: Ray starts its workers, the train cells included, at nice 15, and against nice 15 a
+  nice-19 engine still took about a third of a core.) The engine's control calls (pause, load,
+  stamp, resume) keep the normal priority, as an engine's host CPU would serve them.
+  :class:`DeviceLatencyEngine` is a benchmark double.
 
 Modes (``MODES``): ``sync`` (no overlap, on-policy: the baseline), ``async`` (fully-async, a
 weight update aborts generation in flight), ``async+partial`` (fully-async with partial rollout:

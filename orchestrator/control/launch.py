@@ -233,9 +233,11 @@ def create_cell(config: RunConfig, cell_id: str):
     )
 
 
-def create_rollout_manager(config: RunConfig, ledger_url: str, run_id: str, engines: dict[str, Any]):
-    """A ``RolloutManager`` actor over a ``RayEnginePool`` of ``engines``, on the driver's node
-    if it has room (soft node affinity), else wherever Ray finds room."""
+def create_rollout_manager(config: RunConfig, ledger_url: str, run_id: str,
+                           engines: dict[str, Any], scheduling_strategy: Any = None):
+    """A ``RolloutManager`` actor over a ``RayEnginePool`` of ``engines``: with
+    ``scheduling_strategy`` where it says, else on the driver's node if it has room (soft node
+    affinity), else wherever Ray finds room."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -245,7 +247,8 @@ def create_rollout_manager(config: RunConfig, ledger_url: str, run_id: str, engi
     make_prompt = functools.partial(_make_prompt, config.seed)
     driver_node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(),
                                                  soft=True)
-    options = {"num_cpus": MANAGER_CPUS, "scheduling_strategy": driver_node}
+    options = {"num_cpus": MANAGER_CPUS,
+               "scheduling_strategy": scheduling_strategy or driver_node}
     return ray.remote(**options)(RolloutManager).remote(
         ledger_url, run_id, config, make_prompt, RayEnginePool(engines)
     )

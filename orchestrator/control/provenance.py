@@ -78,7 +78,8 @@ class ProvenanceRecorder:
 
         ``drain_version`` is the version the batch was drained at (staleness is measured from
         it); ``dropped_prompts`` is the rollout manager's map prompt -> drop reason; drops not
-        reported yet are reported now. Idempotent per step (a retried append returns the stored one).
+        reported yet are reported now. Idempotent per step (a retried append returns the stored
+        one).
         """
         samples = [sample for group in batch.samples for sample in group]
         trained = sorted({sample.group_index for sample in samples})

@@ -19,6 +19,7 @@ rollout manager, and nothing else restarts or retries anything:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from ledger.run_layout import RunLayout
 from orchestrator.config import RunConfig
 from orchestrator.control import launch
 from orchestrator.control.cells import CellFactory, CellGroup, is_actor_loss
-from orchestrator.control.cluster.placement import Placement
+from orchestrator.control.cluster.placement import Placement, start_on_a_live_node
 from orchestrator.control.cluster.storage import CheckpointStore
 from orchestrator.control.errors import NoCellAliveError, StepFailedError
 from orchestrator.control.policy import FailurePolicy, RestartBudget, RetryableFailure
@@ -115,12 +116,15 @@ class Supervisor:
         self.reform()
 
     def start_manager(self, state_path: str | None = None) -> None:
-        """Create the rollout manager over the engines, restoring ``state_path`` if given."""
-        self.manager = launch.create_rollout_manager(
-            self.config, self.config.db, self.run_id, self.engines
-        )
-        if state_path is not None:
-            ray.get(self.manager.load.remote(state_path))
+        """Create the rollout manager over the engines. A replacement (``state_path``: the
+        state it restores) goes on a node that is alive now (:func:`start_on_a_live_node`)."""
+        create = functools.partial(launch.create_rollout_manager, self.config, self.config.db,
+                                   self.run_id, self.engines)
+        if state_path is None:
+            self.manager = create()
+            return
+        self.manager = start_on_a_live_node(create, launch.MANAGER_CPUS, self.policy)
+        ray.get(self.manager.load.remote(state_path))
 
     # ------------------------------------------------------------------ cells
 
@@ -301,8 +305,7 @@ class Supervisor:
     # ------------------------------------------------------------------ engines
 
     def probe_engines(self) -> dict[str, Any]:
-        """Ask every engine for its health; returns the pending answers for
-        :meth:`restart_dead_engines` (sent before a train step, they come in meanwhile)."""
+        """Ask every engine for its health: the answers :meth:`restart_dead_engines` reads."""
         return {engine_id: engine.health.remote() for engine_id, engine in self.engines.items()}
 
     def restart_dead_engines(self, probe: dict[str, Any] | None = None) -> list[str]:
@@ -383,10 +386,8 @@ class Supervisor:
         self._budget.charge("replacing the rollout manager")
         self._negative_staleness_carried += self._negative_staleness_current
         self._negative_staleness_current = 0
-        try:
+        with contextlib.suppress(Exception):  # it is gone already
             ray.kill(self.manager, no_restart=True)
-        except Exception:  # noqa: BLE001 - it is gone already
-            pass
         path = self.storage.manager_state_from_ledger_path
         write_manager_state_from_ledger(self.ledger, self.run_id, path,
                                         held=self.prompts_in_hand)
@@ -394,8 +395,7 @@ class Supervisor:
         self.counters.manager_replacements += 1
 
     def note_negative_staleness(self, count: int) -> None:
-        """The current manager's count of negative staleness values (it restarts at 0 with a
-        replacement manager; the run's total does not)."""
+        """The current manager's negative staleness count (a replacement restarts at 0)."""
         self._negative_staleness_current = count
 
     @property

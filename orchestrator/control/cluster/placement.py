@@ -54,7 +54,7 @@ from orchestrator.control.cluster.nodes import NodeInfo, actor_node, live_nodes,
 from orchestrator.control.errors import StartupError, SupervisionLimitError
 from orchestrator.control.policy import FailurePolicy
 
-__all__ = ["ActorFactory", "Placement", "group_strategy"]
+__all__ = ["ActorFactory", "Placement", "group_strategy", "start_on_a_live_node"]
 
 logger = logging.getLogger(__name__)
 
@@ -285,3 +285,38 @@ def _kill(actor: Any) -> None:
         ray.kill(actor, no_restart=True)
     except Exception:  # noqa: BLE001 - it may never have existed anywhere
         pass
+
+
+def start_on_a_live_node(create: Callable[[Any], Any], cpus: float, policy: FailurePolicy) -> Any:
+    """Start a replacement actor with ``create(scheduling_strategy)`` on a node that is alive
+    now, and wait until it runs; returns it.
+
+    Ray may list a node alive for a health check's length after it died, and an actor it
+    schedules there is cancelled before it runs. So each candidate (the caller's node first,
+    then the other live nodes with ``cpus``, in id order) must answer a probe within
+    ``heartbeat_timeout_s`` before the actor goes there with hard affinity; an actor that still
+    dies before it runs, or does not start within ``actor_start_timeout_s``, is killed and the
+    next node is tried.
+
+    Raises:
+        SupervisionLimitError: no live node took it.
+    """
+    here = ray.get_runtime_context().get_node_id()
+    nodes = sorted((node for node in live_nodes() if node.cpus >= cpus),
+                   key=lambda node: node.node_id != here)
+    failures: list[str] = []
+    for node in nodes:
+        where = f"{node.host} ({node.node_id[:12]})"
+        if not probe_node(node.node_id, policy.heartbeat_timeout_s):
+            failures.append(f"{where} did not answer a probe")
+            continue
+        actor = create(NodeAffinitySchedulingStrategy(node.node_id, soft=False))
+        try:
+            actor_node(actor, policy.actor_start_timeout_s)
+        except (RayActorError, GetTimeoutError) as exc:
+            failures.append(f"{where}: {type(exc).__name__}")
+            _kill(actor)
+            continue
+        return actor
+    raise SupervisionLimitError("no live node took the replacement: "
+                                + ("; ".join(failures) or f"none has {cpus} CPU"))
