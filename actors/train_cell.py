@@ -50,6 +50,7 @@ from actors.weight_sync import (
     FinalizeReport,
     StagedWeights,
     await_engine_pause,
+    begin_engine_update,
     collect_weights,
     finalize_and_resume_engines,
     load_staged_weights,
@@ -204,7 +205,7 @@ class TrainCell:
             StaleEpochError: an engine has seen a newer epoch (this cell is a zombie).
         """
         self._record_update_started(epoch)
-        await_engine_pause(request_engine_pause(engines, epoch))
+        begin_engine_update(engines, epoch)
 
     def _record_update_started(self, epoch: int) -> None:
         self._ledger().append(
