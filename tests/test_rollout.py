@@ -14,6 +14,7 @@ from orchestrator.rollout.errors import ProducerDiedError
 from orchestrator.rollout.producer import FullyAsyncRolloutFn
 from orchestrator.rollout.types import EnginePool, RolloutFnTrainInput, SampleStatus
 from tests.fake_engines import FakeEnginePool, make_prompt, run_async, settle
+from tests.waiting import wait_until_async
 
 M = FULLY_ASYNC_PREFIX
 
@@ -194,8 +195,10 @@ def test_a_drain_without_progress_warns_and_keeps_waiting(caplog):
 
     async def scenario():
         drain = asyncio.create_task(rollout.drain(train_input(rollout_id=7), lambda _a: 0))
-        await asyncio.sleep(0.1)
-        assert not drain.done()
+        await wait_until_async(lambda: any("rollout 7: no group" in r.getMessage()
+                                           for r in caplog.records),
+                               what="the stalled drain's warning")
+        assert not drain.done()  # it warned and kept waiting
         pool.release_all()
         output = await drain
         await rollout.stop()

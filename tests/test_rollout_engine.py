@@ -4,7 +4,6 @@ versions and log-probs across an update, and the epoch fence (on real Ray)."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import ray
@@ -16,20 +15,13 @@ from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutE
 from actors.task import TOKENIZER, AdditionTask
 from actors.weight_sync import collect_weights
 from orchestrator.rollout.types import SampleStatus
+from tests.waiting import wait_until
 
 CONFIG = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
 # A long context and answer budget so a generate call lasts long enough to be interrupted.
 LONG_CONFIG = PolicyConfig(vocab_size=TOKENIZER.vocab_size, max_sequence_length=96)
 LONG_SAMPLING = {"max_new_tokens": 90}
 TASK = AdditionTask(seed=0)
-
-
-def _wait_until(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.005)
 
 
 def test_generate_returns_stamped_scored_samples() -> None:
@@ -59,7 +51,7 @@ def test_pause_aborts_in_flight_call_and_holds_new_ones() -> None:
         target=lambda: results.append(engine.generate(TASK.make_prompt(0), 64, 0))
     )
     worker.start()
-    _wait_until(lambda: engine.health()["in_flight"] == 1)
+    wait_until(lambda: engine.health()["in_flight"] == 1, what="a generation in flight")
 
     aborted = engine.pause()
     worker.join(timeout=10)
@@ -123,7 +115,8 @@ def test_pause_reaches_an_actor_while_it_generates(ray_cluster) -> None:
     ray.get(engine.health.remote())
 
     pending = engine.generate.remote(TASK.make_prompt(0), 64, 0)
-    _wait_until(lambda: ray.get(engine.health.remote())["in_flight"] == 1)
+    wait_until(lambda: ray.get(engine.health.remote(), timeout=30)["in_flight"] == 1,
+               what="a generation in flight")
     ray.get(engine.begin_update.remote(1))
     samples = ray.get(pending, timeout=30)
 
@@ -148,7 +141,7 @@ def test_in_place_pause_parks_a_call_past_the_timeout_then_it_aborts_with_its_to
         target=lambda: results.append(engine.generate(TASK.make_prompt(0), 64, 0))
     )
     worker.start()
-    _wait_until(lambda: engine.health()["decode_steps"] >= 2)
+    wait_until(lambda: engine.health()["decode_steps"] >= 2, what="two decode steps")
 
     parked = engine.pause()
     health = engine.health()
@@ -185,7 +178,8 @@ def test_partial_rollout_sample_spans_the_update_with_exact_per_token_versions_a
     ray.get(engine.health.remote())
 
     pending = engine.generate.remote(TASK.make_prompt(0), 64, 0)
-    _wait_until(lambda: ray.get(engine.health.remote())["decode_steps"] >= 2)
+    wait_until(lambda: ray.get(engine.health.remote(), timeout=30)["decode_steps"] >= 2,
+               what="two decode steps")
     health = begin_engine_update([engine], epoch=1)[0]
     transfer_weights([engine], collect_weights(new_model, "full"), epoch=1, transport="full")
     report = finalize_and_resume_engines([engine], version=1, epoch=1)

@@ -33,6 +33,7 @@ from actors.engines.vllm_engine import VLLM_ENGINE_ACTOR_OPTIONS, VLLMEngine  # 
 from actors.weight_sync import tensors_checksum  # noqa: E402
 from ledger import Ledger  # noqa: E402
 from orchestrator.rollout.types import SampleStatus  # noqa: E402
+from tests.waiting import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -197,8 +198,8 @@ def test_a_sample_paused_mid_sequence_continues_under_the_new_weights(engine, mo
     ray.get(engine.pause_after_next_tokens.remote())
 
     pending = engine.generate.remote(TASK.make_prompt(1), 8, 1)
-    while not ray.get(engine.health.remote())["paused"]:
-        time.sleep(0.01)
+    wait_until(lambda: ray.get(engine.health.remote(), timeout=30)["paused"],
+               what="the engine pausing after its next tokens", timeout_s=120)
     _perturb(cell.model)
     new_version = cell.update_weights([engine], epoch).version
     samples = ray.get(pending)
@@ -226,8 +227,8 @@ def test_abort_mode_returns_the_tokens_so_far_as_aborted(engine):
     ray.get(engine.pause_after_next_tokens.remote())
 
     pending = engine.generate.remote(TASK.make_prompt(2), 4, 2)
-    while not ray.get(engine.health.remote())["paused"]:
-        time.sleep(0.01)
+    wait_until(lambda: ray.get(engine.health.remote(), timeout=30)["paused"],
+               what="the engine pausing after its next tokens", timeout_s=120)
     ray.get(engine.begin_update.remote(epoch))
     samples = ray.get(pending)
     ray.get(engine.continue_generation.remote(epoch))

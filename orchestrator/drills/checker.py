@@ -28,6 +28,7 @@ __all__ = [
     "DrillRunState",
     "check_run",
     "first_commit_after",
+    "first_recovery_commit",
     "read_run",
     "seconds_between",
 ]
@@ -78,6 +79,21 @@ def read_run(ledger: Ledger, run_id: str) -> DrillRunState:
 def first_commit_after(state: RunState, seq: int) -> CommitView | None:
     """The first committed version recorded after ``seq``, or None."""
     later = [commit for commit in state.commits.values() if commit.seq > seq]
+    return min(later, key=lambda commit: commit.seq, default=None)
+
+
+def first_recovery_commit(state: RunState, seq_at_fault: int) -> CommitView | None:
+    """The first version the recovery committed: after the fault, and, when a cell was promoted
+    after it, at an epoch above the one current at the fault.
+
+    A commit of the old epoch after ``seq_at_fault`` is legal (a publisher that outlived a
+    killed driver may finish the update it was in before the next promotion fences it), but
+    the recovery did not make it, so a recovery time must not be measured to it.
+    """
+    epoch_at_fault = max((p.epoch for p in state.promotions if p.seq <= seq_at_fault), default=0)
+    promoted_since = any(p.seq > seq_at_fault for p in state.promotions)
+    later = [commit for commit in state.commits.values() if commit.seq > seq_at_fault
+             and (not promoted_since or (commit.epoch or 0) > epoch_at_fault)]
     return min(later, key=lambda commit: commit.seq, default=None)
 
 

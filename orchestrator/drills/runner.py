@@ -41,7 +41,8 @@ from orchestrator.config import RunConfig
 from orchestrator.control import launch
 from orchestrator.control.driver import JobOptions, TrainingJob
 from orchestrator.control.hooks import JobHooks
-from orchestrator.drills.checker import CheckReport, check_run, first_commit_after, seconds_between
+from orchestrator.drills.checker import (CheckReport, check_run, first_recovery_commit,
+                                         seconds_between)
 from orchestrator.drills.context import DrillError, FaultPlan, FaultRecord, StopRun, error_name
 from orchestrator.drills.crash import run_whole_job_crash
 from orchestrator.drills.planning import plan_drills
@@ -318,7 +319,7 @@ def _verdict(drill: _Drill, report: CheckReport, problems: list[str],
              wall_s: float) -> DrillResult:
     recover_s = None
     if drill.record.fired_at is not None:
-        commit = first_commit_after(report.state, drill.record.seq_at_fault)
+        commit = first_recovery_commit(report.state, drill.record.seq_at_fault)
         if commit is not None:
             recover_s = round(seconds_between(drill.record.fired_at, commit.recorded_at), 3)
         else:

@@ -282,18 +282,42 @@ def _crash_in_child(ctx: DrillContext, job: TrainingJob) -> None:
 
 def _expect_crash_recovered(ctx: DrillContext, job: TrainingJob | None,
                             state: DrillRunState) -> list[str]:
+    """The resume fenced the crashed job and continued from the head at its promotion.
+
+    Between the fault and the resume's promotion the crashed job's surviving actors may still
+    commit (a publisher finishing its update after the driver died): legal, at the old epoch,
+    and below the resume's first version. So the first commit after ``run_resumed`` is its
+    recorded ``head_version + 1``, not the head seen at the fault + 1.
+    """
     problems = []
     resumes = [p for p in state.promotions
                if p.seq > ctx.record.seq_at_fault and p.reason == "resume"]
+    old_epoch = max((p.epoch for p in state.promotions if p.seq <= ctx.record.seq_at_fault),
+                    default=0)
+    resumed = [e for e in state.resumed if e.seq > ctx.record.seq_at_fault]
     if not resumes:
         problems.append("no cell_promoted reason=resume after the crash")
-    elif resumes[0].epoch <= max((p.epoch for p in state.promotions
-                                  if p.seq <= ctx.record.seq_at_fault), default=0):
+    elif resumes[0].epoch <= old_epoch:
         problems.append("the resume did not take a new epoch")
-    commit = first_commit_after(state, ctx.record.seq_at_fault)
-    if commit is not None and commit.version != ctx.record.version_before + 1:
-        problems.append(f"first version after the crash is v{commit.version}, "
-                        f"expected v{ctx.record.version_before + 1}")
+    elif not resumed:
+        problems.append("no run_resumed after the crash")
+    else:
+        promotion, resume = resumes[0], resumed[0]
+        head_at_promotion = int(resume.payload["head_version"])
+        late = [c for c in state.commits.values()
+                if ctx.record.seq_at_fault < c.seq < promotion.seq]
+        problems += [f"v{c.version} committed after the crash at epoch {c.epoch}, not the "
+                     f"crashed job's {old_epoch}" for c in late if c.epoch != old_epoch]
+        if head_at_promotion != ctx.record.version_before + len(late):
+            problems.append(f"run_resumed records head v{head_at_promotion}, but the ledger "
+                            f"held v{ctx.record.version_before + len(late)} at the promotion")
+        commit = first_commit_after(state, resume.seq)
+        if commit is not None and commit.version != head_at_promotion + 1:
+            problems.append(f"first version after the resume is v{commit.version}, "
+                            f"expected v{head_at_promotion + 1}")
+        problems += [f"v{c.version} committed after the resume at epoch {c.epoch}, below the "
+                     f"resume's {promotion.epoch}" for c in state.commits.values()
+                     if c.seq > promotion.seq and (c.epoch or 0) < promotion.epoch]
     return problems + expect_prompts_once(ctx.ledger, ctx.run_id)
 
 
