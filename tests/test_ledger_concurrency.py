@@ -12,6 +12,7 @@ import pytest
 
 from ledger import Ledger
 from tests.ledger_helpers import read_versions, start_commit_loop
+from tests.waiting import wait_until
 
 PROCESSES = 8
 COMMITS_EACH = 200
@@ -53,10 +54,10 @@ def test_sigkill_mid_commit_loop_never_leaves_a_gap(run, tmp_path: Path):
         out = tmp_path / f"victim-{attempt}.txt"
         before = ledger.head("concurrent").version
         victim = start_commit_loop(url, "concurrent", epoch, -1, out)
-        deadline = time.monotonic() + 60
-        while (not out.exists() or not read_versions(out)) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(rng.uniform(0.0, 0.05))
+        wait_until(lambda: out.exists() and read_versions(out),
+                   what=f"attempt {attempt}: the victim's first commit", timeout_s=60,
+                   interval_s=0.01)
+        time.sleep(rng.uniform(0.0, 0.05))  # a random point inside its commit loop
         os.kill(victim.pid, signal.SIGKILL)
         assert victim.wait(timeout=30) == -signal.SIGKILL
 

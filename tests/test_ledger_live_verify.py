@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from typer.testing import CliRunner
 from ledger import Ledger, fold
 from ledger.cli.app import app
 from tests.ledger_helpers import read_versions, start_commit_loop
+from tests.waiting import wait_until
 
 TRIES = 20
 RUN = "live"
@@ -34,9 +34,9 @@ def live_writer(ledger_url: str, tmp_path: Path):
         epoch = ledger.promote(RUN, "cell-0")
     out = tmp_path / "writer.txt"
     writer = start_commit_loop(ledger_url, RUN, epoch, -1, out)
-    deadline = time.monotonic() + 60
-    while (not out.exists() or len(read_versions(out)) < 200) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: writer.poll() is not None
+               or (out.exists() and len(read_versions(out)) >= 200),
+               what="the writer's first 200 commits", timeout_s=60, interval_s=0.05)
     assert writer.poll() is None, "the writer died before the test began"
     yield ledger_url
     os.kill(writer.pid, signal.SIGKILL)
