@@ -91,13 +91,23 @@ def kill_and_wait(actor: Any, pid: int, timeout_s: float = 30.0) -> float:
     """
     started = time.monotonic()
     os.kill(pid, signal.SIGKILL)
+    return wait_reported_dead(actor, pid, started, timeout_s)
+
+
+def wait_reported_dead(actor: Any, pid: int, killed_at: float, timeout_s: float = 30.0) -> float:
+    """Wait until a call on ``actor`` (whose worker ``pid`` was SIGKILLed at the monotonic time
+    ``killed_at``) raises Ray's actor-death error; returns the seconds since the kill.
+
+    Raises:
+        TimeoutError: Ray did not report the actor dead within ``timeout_s``.
+    """
     until_dead = Retrying(stop=stop_after_delay(timeout_s), wait=wait_fixed(_POLL_S),
                           retry=retry_if_result(bool))
     try:
         until_dead(_still_answers, actor, timeout_s)
     except (RetryError, GetTimeoutError):
         raise TimeoutError(f"actor of pid {pid} not reported dead within {timeout_s:g}s") from None
-    return time.monotonic() - started
+    return time.monotonic() - killed_at
 
 
 @contextmanager
@@ -152,7 +162,9 @@ class MidTrainKill(JobHooks):
     waits ``plan.delay_s`` and kills it. ``after_train_step`` stops and joins the watcher: a
     step too short to catch is let through and the next one is watched, up to ``attempts``
     steps, so the kill lands inside a step or not at all (and the drill then fails as "never
-    fired").
+    fired"). The last check that the step is still running and the signal are taken under the
+    lock that ``after_train_step`` takes to end the step, so the step cannot end between them
+    (it did, in 1 of 6 chaos-mode drills, when the step ended during ``delay_s``).
     """
 
     def __init__(self, ctx: DrillContext, target: CellTarget,
@@ -162,6 +174,7 @@ class MidTrainKill(JobHooks):
         self.attempts = attempts
         self.steps_watched = 0
         self._in_step = threading.Event()
+        self._step_lock = threading.Lock()  # ends a step / checks it and kills, never both
         self._watcher: threading.Thread | None = None
 
     def before_train_step(self, job: TrainingJob, step: int) -> None:
@@ -176,7 +189,8 @@ class MidTrainKill(JobHooks):
     def after_train_step(self, job: TrainingJob, step: int) -> None:
         if self._watcher is None:
             return
-        self._in_step.clear()
+        with self._step_lock:
+            self._in_step.clear()
         self._watcher.join()
         self._watcher = None
 
@@ -189,8 +203,13 @@ class MidTrainKill(JobHooks):
         if not self._in_step.is_set():
             return  # the step ended first: watch the next one
         time.sleep(self.ctx.plan.delay_s)
-        during = self._in_step.is_set()
-        detect_s = kill_and_wait(self.target.actor, pid)
+        with self._step_lock:
+            during = self._in_step.is_set()
+            if not during:
+                return  # the step ended during the delay: watch the next one
+            killed_at = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+        detect_s = wait_reported_dead(self.target.actor, pid, killed_at)
         self.ctx.fired(job, cell=self.target.cell_id, epoch=self.target.epoch, pid=pid,
                        during_train_step=during, steps_watched=self.steps_watched,
                        ray_detect_s=round(detect_s, 3))
