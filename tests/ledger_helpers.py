@@ -48,6 +48,32 @@ def start_commit_loop(
     )
 
 
+def named_session_url(url: str, name: str) -> str:
+    """``url`` with its PostgreSQL sessions tagged ``application_name=name`` (SQLite: as is)."""
+    if sa.make_url(url).get_backend_name() != "postgresql":
+        return url
+    separator = "&" if "?" in url else "?"
+    return f"{url}{separator}application_name={name}"
+
+
+def server_sessions_named(url: str, name: str) -> int:
+    """How many PostgreSQL sessions tagged ``name`` the server still holds (SQLite: 0).
+
+    A SIGKILLed client's last transaction is not over when the client is: the server may still
+    be committing it until it notices the closed socket and ends that session.
+    """
+    if sa.make_url(url).get_backend_name() != "postgresql":
+        return 0
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.text("SELECT count(*) FROM pg_stat_activity "
+                                        "WHERE application_name = :name"), {"name": name}
+                                ).scalar_one()
+    finally:
+        engine.dispose()
+
+
 def read_versions(path: Path) -> list[int]:
     """The versions a :func:`commit_loop` process recorded, in order."""
     return [int(line) for line in path.read_text().splitlines() if line.strip()]

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from ledger import Ledger
-from tests.ledger_helpers import read_versions, start_commit_loop
+from tests.ledger_helpers import (named_session_url, read_versions, server_sessions_named,
+                                  start_commit_loop)
 from tests.waiting import wait_until
 
 PROCESSES = 8
@@ -53,13 +54,17 @@ def test_sigkill_mid_commit_loop_never_leaves_a_gap(run, tmp_path: Path):
     for attempt in range(KILLS):
         out = tmp_path / f"victim-{attempt}.txt"
         before = ledger.head("concurrent").version
-        victim = start_commit_loop(url, "concurrent", epoch, -1, out)
+        name = f"victim-{attempt}"
+        victim = start_commit_loop(named_session_url(url, name), "concurrent", epoch, -1, out)
         wait_until(lambda: out.exists() and read_versions(out),
                    what=f"attempt {attempt}: the victim's first commit", timeout_s=60,
                    interval_s=0.01)
         time.sleep(rng.uniform(0.0, 0.05))  # a random point inside its commit loop
         os.kill(victim.pid, signal.SIGKILL)
         assert victim.wait(timeout=30) == -signal.SIGKILL
+        # Its last COMMIT may still be in the server's hands: read the head once it is over.
+        wait_until(lambda: server_sessions_named(url, name) == 0,
+                   what=f"the server ending {name}'s session", timeout_s=60, interval_s=0.02)
 
         head = ledger.head("concurrent").version
         progressed += head > before
