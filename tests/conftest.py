@@ -31,10 +31,15 @@ def _with_search_path(url: str, schema: str) -> str:
 
 @pytest.fixture(scope="session")
 def pg_admin_engine():
-    """An engine on the test database, or a skip (a failure under CI) if it is unreachable."""
-    import sqlalchemy as sa
+    """An engine on the test database, or a skip (a failure under CI) if it is unreachable.
 
-    engine = sa.create_engine(pg_base_url(), isolation_level="AUTOCOMMIT")
+    It pools nothing: the ``database-outage`` drill restarts the server mid-session, and a
+    pooled connection the server ended would fail the next test's schema setup.
+    """
+    import sqlalchemy as sa
+    from sqlalchemy.pool import NullPool
+
+    engine = sa.create_engine(pg_base_url(), isolation_level="AUTOCOMMIT", poolclass=NullPool)
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
