@@ -1,4 +1,12 @@
-"""The cells' gradient group: a gloo group re-formed per quorum, and its rendezvous store.
+"""The cells' gradient group: gloo or NCCL, re-formed per quorum, and its rendezvous store.
+
+Backend (:func:`gradient_backend`, decided by the control plane and recorded in every
+``cell_state``): **NCCL** when the cells compute on CUDA and each has a GPU of its own
+(``gpus_per_cell >= 1``); **gloo** when they run on CPU or share a GPU (NCCL refuses two
+ranks on one device). Both are torchft's reconfigurable groups, configured with the same fresh
+store prefix per quorum id, so re-forming a quorum after a failover is the same call for
+both. Over gloo, CUDA gradients are all-reduced through a CPU copy (the group's backend is
+registered for CPU tensors); over NCCL they stay on the GPU.
 
 Mechanism, chosen after trying both on this CPU-only machine: **torchft's reconfigurable
 ``ProcessGroupGloo``** (torchft 0.2). It works on CPU, creates its gloo backend on a
@@ -32,9 +40,18 @@ import torch
 
 from actors.errors import CollectiveError
 
-__all__ = ["GradientGroup", "create_rendezvous_store", "local_address_towards", "routable_address"]
+__all__ = ["GRADIENT_BACKENDS", "GradientGroup", "create_rendezvous_store", "gradient_backend",
+           "local_address_towards", "routable_address"]
 
 logger = logging.getLogger(__name__)
+
+GRADIENT_BACKENDS: tuple[str, ...] = ("gloo", "nccl")
+
+
+def gradient_backend(device: str, gpus_per_cell: float) -> str:
+    """"nccl" when cells compute on CUDA with a whole GPU each, else "gloo" (module docstring).
+    """
+    return "nccl" if device == "cuda" and gpus_per_cell >= 1 else "gloo"
 
 
 def routable_address() -> str:
@@ -109,11 +126,16 @@ def _routable_gloo(timeout: timedelta, device_host: str | None) -> Any:
 
 
 class GradientGroup:
-    """One cell's membership in the gradient group of the current quorum."""
+    """One cell's membership in the gradient group of the current quorum, over ``backend``
+    ("gloo" or "nccl")."""
 
-    def __init__(self, member_id: str, timeout: timedelta) -> None:
+    def __init__(self, member_id: str, timeout: timedelta, backend: str = "gloo") -> None:
+        if backend not in GRADIENT_BACKENDS:
+            raise ValueError(f"unknown gradient backend {backend!r}; expected one of "
+                             f"{GRADIENT_BACKENDS}")
         self.member_id = member_id
         self.timeout = timeout
+        self.backend = backend
         self._group: Any = None
         self.quorum_id: int | None = None
         self.rank = 0
@@ -137,18 +159,26 @@ class GradientGroup:
             return
         if store_addr is None:
             raise ValueError("a group of more than one cell needs store_addr")
-        host, port = _split_store_addr(store_addr)
-        device_host = None if os.environ.get("GLOO_SOCKET_IFNAME") else (
-            local_address_towards(host, port))
-        group = _routable_gloo(self.timeout, device_host)
         try:
+            group = self._new_group(store_addr)
             group.configure(f"{store_addr}/rl-ledger/quorum/{quorum_id}", self.member_id, rank,
                             world_size, quorum_id=quorum_id)
         except Exception as exc:
             raise CollectiveError(
-                f"cell {self.member_id}: quorum {quorum_id} not formed") from exc
+                f"cell {self.member_id}: quorum {quorum_id} not formed over "
+                f"{self.backend}") from exc
         self._group = group
         self.quorum_id, self.rank, self.world_size = quorum_id, rank, world_size
+
+    def _new_group(self, store_addr: str) -> Any:
+        if self.backend == "nccl":
+            from torchft.process_group import ProcessGroupNCCL
+
+            return ProcessGroupNCCL(timeout=self.timeout)
+        host, port = _split_store_addr(store_addr)
+        device_host = None if os.environ.get("GLOO_SOCKET_IFNAME") else (
+            local_address_towards(host, port))
+        return _routable_gloo(self.timeout, device_host)
 
     def leave(self) -> None:
         """Drop the current group, if any (a broken group is discarded quietly)."""
@@ -172,6 +202,8 @@ class GradientGroup:
 
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
         flat = torch.cat([g.reshape(-1) for g in grads])
+        if self.backend == "gloo":
+            flat = flat.cpu()  # gloo's backend is registered for CPU tensors (no copy on CPU)
         options = AllreduceOptions()
         options.reduceOp = ReduceOp.SUM
         try:
@@ -185,5 +217,6 @@ class GradientGroup:
         offset = 0
         for parameter in parameters:
             count = parameter.numel()
-            parameter.grad = flat[offset:offset + count].view_as(parameter).clone()
+            parameter.grad = flat[offset:offset + count].view_as(parameter).to(
+                parameter.device, copy=True)
             offset += count

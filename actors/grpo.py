@@ -22,7 +22,7 @@ here depends on how many versions a sample spans.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +73,14 @@ class TrainBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.loss_mask.sum().item())
+
+    def to(self, device: torch.device) -> TrainBatch:
+        """This batch with its tensors on ``device`` (itself when they are there already)."""
+        if self.tokens.device == device:
+            return self
+        return replace(self, tokens=self.tokens.to(device), loss_mask=self.loss_mask.to(device),
+                       rollout_log_probs=self.rollout_log_probs.to(device),
+                       advantages=self.advantages.to(device), rewards=self.rewards.to(device))
 
 
 def build_train_batch(groups: Sequence[Sequence[Sample]], pad_id: int,

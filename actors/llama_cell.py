@@ -94,7 +94,7 @@ class LlamaTrainCell(TrainCell):
         self.backend = backend
         self.llama = llama
         self.policy_config = _sizes(llama)
-        self.model = build_llama_policy(backend, llama, seed).train()
+        self.model = build_llama_policy(backend, llama, seed).to(self.device).train()
         self._parameters = [p for p in self.model.parameters() if p.requires_grad]
         group = self.optimizer.param_groups[0]
         self.optimizer = torch.optim.AdamW(self._parameters, lr=group["lr"],

@@ -4,9 +4,11 @@ A plain class, made remote where it is allocated::
 
     Cell = ray.remote(**TRAIN_CELL_ACTOR_OPTIONS)(TrainCell)
 
-Each step, alive cells average gradients over a gloo group that the control plane re-forms
-when membership changes (:meth:`TrainCell.configure_group`; the mechanism is in
-:mod:`actors.gradient_group`).
+Each step, alive cells average gradients over a group (gloo, or NCCL when each cell has a
+GPU of its own) that the control plane re-forms when membership changes
+(:meth:`TrainCell.configure_group`; the mechanism is in :mod:`actors.gradient_group`). The
+cell computes on ``device`` in ``dtype`` (:mod:`actors.device`); its state, checkpoints and
+outgoing weights leave it on the CPU.
 
 One cell is the publisher (the newest ``cell_promoted`` in the ledger). Its weight update
 follows DESIGN section 5 through four public steps that :meth:`TrainCell.update_weights` calls
@@ -28,7 +30,6 @@ unstamped version, which the audit reports; the next commit is still head + 1.
 
 from __future__ import annotations
 
-import copy
 import io
 import logging
 import os
@@ -41,6 +42,7 @@ import torch
 
 from actors.cluster.checkpoint_io import is_readable, read_bytes, to_url, write_bytes_atomic
 from actors.cluster.node_info import EngineNodes, node_fields
+from actors.device import autocast, cpu_copy, select_device, torch_dtype
 from actors.gradient_group import GradientGroup
 from actors.grpo import GRPOConfig, build_train_batch, grpo_loss
 from actors.policies.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
@@ -88,16 +90,22 @@ class TrainCell:
         *,
         ledger_url: str | None = None,
         run_id: str | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        gradient_backend: str = "gloo",
     ) -> None:
         """Build the policy from ``(backend, policy_config, seed)`` (engines must use the same
-        triple) and an AdamW over its trainable parameters (adapters only with LoRA).
+        triple) on ``device`` and an AdamW over its trainable parameters (adapters only with
+        LoRA); forward and backward run in ``dtype`` (:func:`actors.device.autocast`).
 
         ``ledger_url`` and ``run_id`` bind the cell to the run it publishes for; a cell built
-        without them trains but cannot publish or record a checkpoint.
+        without them trains but cannot publish or record a checkpoint. ``gradient_backend``
+        ("gloo" or "nccl") is what the gradient group is formed over.
 
         Raises:
-            ValueError: unknown transport, or ``lora`` without ``policy_config.lora_rank > 0``.
-            PolicyError: the policy cannot be built.
+            ValueError: unknown transport, device, dtype or gradient backend, or ``lora``
+                without ``policy_config.lora_rank > 0``.
+            PolicyError: the policy cannot be built. DeviceError: no CUDA for ``"cuda"``.
         """
         torch.set_num_threads(1)
         config = PolicyConfig.from_value(policy_config)
@@ -111,12 +119,16 @@ class TrainCell:
         self.transport = transport
         self.grpo = grpo or GRPOConfig()
         self.max_grad_norm = max_grad_norm
-        self.model = build_policy(backend, config, seed).train()
+        self.device, self.compute_dtype = select_device(device), torch_dtype(dtype)
+        self.model = build_policy(backend, config, seed).to(self.device).train()
         self._parameters = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self._parameters, lr=learning_rate, weight_decay=0.0)
         self.train_step_count = 0
         self.weight_version = 0  # the last version this cell's weights were committed as
-        self._gradients = GradientGroup(cell_id, timedelta(seconds=collective_timeout_s))
+        self._gradients = GradientGroup(cell_id, timedelta(seconds=collective_timeout_s),
+                                        gradient_backend)
+        logger.info("cell %s: %s %s, gradients over %s", cell_id, self.device, dtype,
+                    gradient_backend)
         self.ledger_url = ledger_url
         self.run_id = run_id
         self._ledger_handle: Ledger | None = None
@@ -163,8 +175,10 @@ class TrainCell:
         started = time.perf_counter()
         sample_groups = [g.samples if isinstance(g, Group) else list(g) for g in groups]
         batch = build_train_batch(sample_groups, TOKENIZER.pad_id, self.grpo.advantage_eps)
+        batch = batch.to(self.device)
         self.optimizer.zero_grad(set_to_none=True)
-        loss, metrics = grpo_loss(self.model, batch, self.grpo)
+        with autocast(self.device, self.compute_dtype):
+            loss, metrics = grpo_loss(self.model, batch, self.grpo)
         loss.backward()
         self._gradients.average(self._parameters)
         grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters, self.max_grad_norm)
@@ -337,13 +351,14 @@ class TrainCell:
     # ---------------------------------------------------------------------------- state
 
     def get_state(self) -> dict[str, Any]:
-        """Weights, optimizer state, train step and weight version (to heal another cell)."""
+        """Weights, optimizer state, train step and weight version (to heal another cell), as
+        CPU copies whatever the cell's device (a CUDA cell's state loads in a CPU cell)."""
         return {
             "backend": self.backend,
             "policy_config": self.policy_config.to_dict(),
-            "model": {k: v.clone() for k, v in tensor_state_dict(self.model).items()},
-            # A deep copy: optimizer state tensors are live and updated in place.
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "model": cpu_copy(tensor_state_dict(self.model)),
+            # A copy: optimizer state tensors are live and updated in place.
+            "optimizer": cpu_copy(self.optimizer.state_dict()),
             "train_step": self.train_step_count,
             "weight_version": self.weight_version,
         }
@@ -358,9 +373,10 @@ class TrainCell:
         """
         if PolicyConfig.from_value(state["policy_config"]) != self.policy_config:
             raise ValueError("state comes from a cell with another policy config")
-        load_tensors(self.model, state["model"], adapters_only=False)
-        # load_state_dict may keep the given tensors (same dtype/device): never share them.
-        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+        load_tensors(self.model, state["model"], adapters_only=False)  # copied to our device
+        # load_state_dict moves state to each parameter's device, but may keep the given
+        # tensors (same dtype and device): never share them.
+        self.optimizer.load_state_dict(cpu_copy(state["optimizer"]))
         self.train_step_count = int(state["train_step"])
         self.weight_version = int(state["weight_version"])
 
@@ -398,7 +414,8 @@ class TrainCell:
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         """Restore weights, optimizer state, train step and version from ``path`` (an
-        absolute path or an fsspec URL).
+        absolute path or an fsspec URL). The file is read onto the CPU (``map_location``):
+        one written by a CUDA cell loads here on any device, then moves to this cell's.
 
         Raises:
             OSError: unreadable file. PolicyError, ValueError: see :meth:`set_state`.

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from orchestrator.device_config import DeviceOptions
 
 __all__ = ["ConfigError", "RunConfig", "Tracker"]
 
@@ -47,8 +49,9 @@ class ConfigError(ValueError):
     """
 
 
-class RunConfig(BaseModel):
-    """All options of one run. Frozen; unknown keys are refused.
+class RunConfig(DeviceOptions):
+    """All options of one run. Frozen; unknown keys are refused. The device options
+    (``device``, ``dtype``, GPUs per actor) come from :class:`DeviceOptions`.
 
     Build with ``RunConfig(**fields)`` (raises pydantic ``ValidationError``) or
     :meth:`from_yaml` (raises :class:`ConfigError`).

@@ -43,6 +43,7 @@ from typing import Any
 import ray
 import torch
 
+from actors.device import select_device, torch_dtype
 from actors.engines.engine_protocol import pause_mode
 from actors.errors import EngineStateError, StaleEpochError
 from actors.policies.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
@@ -111,13 +112,17 @@ class RolloutEngine:
         sampling: SamplingParams | dict[str, Any] | None = None,
         paused_wait_timeout_s: float = 60.0,
         partial_rollout: bool = False,
+        device: str = "cpu",
+        dtype: str = "float32",
     ) -> None:
         """Build the engine's policy from ``(backend, policy_config, seed)``: the trainer must
-        use the same triple so version 0 means the same weights everywhere.
+        use the same triple so version 0 means the same weights everywhere. It is held on
+        ``device`` in ``dtype`` (:mod:`actors.device`; loaded weights are cast to it).
         ``partial_rollout`` chooses the pause mode: ``in_place`` if true, else ``abort``.
 
         Raises:
-            PolicyError, ValueError: the policy or sampling parameters are invalid.
+            PolicyError, ValueError: the policy, sampling parameters, device or dtype are
+                invalid. DeviceError: ``"cuda"`` without a CUDA device.
         """
         torch.set_num_threads(1)  # a fraction of a core per actor on a small machine
         self.engine_id = engine_id
@@ -128,9 +133,10 @@ class RolloutEngine:
         self.partial_rollout = partial_rollout
         self.pause_mode = pause_mode(partial_rollout)
         config = PolicyConfig.from_value(policy_config)
-        self.model = build_policy(backend, config, seed).eval()
+        self.device = select_device(device)
+        self.model = build_policy(backend, config, seed).to(self.device, torch_dtype(dtype)).eval()
         self.max_sequence_length = config.max_sequence_length
-        self._generator = torch.Generator().manual_seed(seed * 1_000_003 + 17)
+        self._generator = torch.Generator(device=self.device).manual_seed(seed * 1_000_003 + 17)
         self._rng_lock = threading.Lock()
         self._state = threading.Condition()
         self._version = 0
@@ -229,7 +235,8 @@ class RolloutEngine:
         """Decode into ``rollout`` token by token; True if the call was aborted."""
         eos_id, pad_id = self.task.tokenizer.eos_id, self.task.tokenizer.pad_id
         n_samples = len(rollout.responses)
-        tokens = torch.tensor([list(prompt.tokens)] * n_samples, dtype=torch.long)
+        tokens = torch.tensor([list(prompt.tokens)] * n_samples, dtype=torch.long,
+                              device=self.device)
         responses, log_probs, finished = rollout.responses, rollout.log_probs, rollout.finished
         temperature = self.sampling.temperature
         version = rollout.start_version
@@ -254,18 +261,20 @@ class RolloutEngine:
                 probs = _top_p_filter(step_log_probs.exp(), self.sampling.top_p)
                 with self._rng_lock:
                     next_tokens = torch.multinomial(probs, 1, generator=self._generator)[:, 0]
-            chosen = step_log_probs.gather(-1, next_tokens[:, None])[:, 0]
+            chosen = step_log_probs.gather(-1, next_tokens[:, None])[:, 0].tolist()
             with self._state:
                 self._counters["decode_steps"] += 1
+            picked = next_tokens.tolist()  # one device-to-host copy per step
             for row in range(n_samples):
                 if not finished[row]:
-                    responses[row].append(int(next_tokens[row]))
-                    log_probs[row].append(float(chosen[row]))
+                    responses[row].append(picked[row])
+                    log_probs[row].append(chosen[row])
                     rollout.token_versions[row].append(version)
-                    finished[row] = int(next_tokens[row]) == eos_id
+                    finished[row] = picked[row] == eos_id
             if all(finished):
                 break
-            next_tokens = next_tokens.masked_fill(torch.tensor(finished), pad_id)
+            done = torch.tensor(finished, device=self.device)
+            next_tokens = next_tokens.masked_fill(done, pad_id)
             tokens = torch.cat([tokens, next_tokens[:, None]], dim=1)
         return False
 

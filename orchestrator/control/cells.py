@@ -9,7 +9,8 @@ Deciding what a failure means and whether to try again is the supervisor's job
 
 Gradient averaging runs over the alive cells; each change of membership forms a new quorum (a
 fresh quorum id, hence a fresh store prefix: members of an old quorum can never meet members of
-the new one).
+the new one). Its backend (gloo, or NCCL when each cell has a GPU of its own) is fixed by the
+run's config and recorded in every ``cell_state`` (``gradient_backend``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from ledger import EventKind, Ledger
 from orchestrator.config import RunConfig
+from orchestrator.control.cluster.devices import cell_device_options
 from orchestrator.control.policy import FailurePolicy
 from orchestrator.control.sharding import shard_groups
 from orchestrator.rollout.types import Sample
@@ -90,6 +92,7 @@ class CellGroup:
         self._quorum_id = 0
         self._store: Any = None
         self._store_addr: str | None = None
+        self.gradient_backend: str = cell_device_options(config)["gradient_backend"]
 
     # ------------------------------------------------------------------ membership
 
@@ -125,10 +128,12 @@ class CellGroup:
         return self._quorum_id
 
     def record_state(self, cell_id: str, state: str) -> None:
-        """Append ``cell_state`` (alive, errored, healed, stopped) with the current quorum."""
+        """Append ``cell_state`` (alive, errored, healed, stopped) with the current quorum and
+        the gradient backend."""
         self.ledger.append(
             self.run_id, EventKind.CELL_STATE,
-            {"state": state, "quorum_id": self._quorum_id, **self._node_of(cell_id)},
+            {"state": state, "quorum_id": self._quorum_id,
+             "gradient_backend": self.gradient_backend, **self._node_of(cell_id)},
             cell_id=cell_id,
         )
 
@@ -190,7 +195,7 @@ class CellGroup:
         }
         _, failed = self.call_each(calls, self.policy.step_timeout_s)
         if not failed:
-            logger.info("quorum %d: %s", self._quorum_id, alive)
+            logger.info("quorum %d: %s over %s", self._quorum_id, alive, self.gradient_backend)
         return failed
 
     def train_once(self, groups: Sequence[Sequence[Sample]]) -> CellStepAttempt:

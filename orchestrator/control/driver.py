@@ -105,7 +105,7 @@ def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
     """Run (or resume) one training job to the end and return its summary.
 
     Raises:
-        StartupError: bad topology, too few CPUs, a run to resume that does not exist, a
+        StartupError: bad topology, too few CPUs or GPUs, a run to resume that does not exist, a
             ledger URL the cluster's nodes cannot share, an unreadable checkpoint to resume.
         LedgerError: the ledger cannot be opened (unreachable database, bad URL).
         StepFailedError, SupervisionLimitError: the run failed; ``run_failed`` is recorded.
@@ -124,6 +124,7 @@ def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
     ledger = Ledger.open(ledger_url)
     try:
         launch.init_ray(config, options.ray_address)
+        config = launch.resolve_devices(config)  # auto -> cuda/cpu, GPUs per actor (Ray's view)
         job = TrainingJob(config, ledger, layout, options)
         try:
             return job.run()

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config import RunConfig
+from orchestrator.control.cluster import devices
 from orchestrator.control.errors import StartupError
 
 __all__ = [
@@ -37,6 +38,8 @@ __all__ = [
     "create_rollout_manager",
     "init_ray",
     "policy_config",
+    "resolve_devices",
+    "role_resources",
     "scheduled",
     "scheduling_options",
     "task_for",
@@ -164,6 +167,24 @@ def _check_budget(budget: ActorBudget, available: float) -> None:
         )
 
 
+def resolve_devices(config: RunConfig) -> RunConfig:
+    """``config`` with its device, dtype and GPUs per actor decided for the connected Ray
+    cluster (:func:`orchestrator.control.cluster.devices.resolve_devices`); call after
+    :func:`init_ray`, before any actor starts.
+
+    Raises:
+        StartupError: ``--device cuda`` without a GPU, or more GPUs asked for than there are.
+    """
+    return devices.resolve_devices(config, devices.cluster_gpus())
+
+
+def role_resources(config: RunConfig, role: str) -> dict[str, float]:
+    """The Ray resources one actor of ``role`` ("cell" or "engine") asks for: its placement
+    bundle (``{"CPU": ..., "GPU": ...}``, no GPU key for a CPU actor)."""
+    gpus = devices.gpus_of(config, role)
+    return {"CPU": ROLE_CPUS[role], **({"GPU": gpus} if gpus > 0 else {})}
+
+
 def task_for(config: RunConfig):
     """The verifiable task of the run, seeded by the run's seed."""
     from actors.task import AdditionTask
@@ -189,12 +210,14 @@ def create_engine(config: RunConfig, engine_id: str):
     if config.engine == "vllm":
         from orchestrator.control.engines.vllm_launch import create_vllm_engine
 
-        return create_vllm_engine(config, engine_id, ENGINE_CPUS, **scheduling_options())
+        return create_vllm_engine(config, engine_id, ENGINE_CPUS,
+                                  **devices.gpu_options(config, "engine"), **scheduling_options())
     import ray
 
     from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 
-    options = {**ROLLOUT_ENGINE_ACTOR_OPTIONS, "num_cpus": ENGINE_CPUS, **scheduling_options()}
+    options = {**ROLLOUT_ENGINE_ACTOR_OPTIONS, "num_cpus": ENGINE_CPUS,
+               **devices.gpu_options(config, "engine"), **scheduling_options()}
     sampling = {
         "temperature": config.temperature,
         "top_p": config.top_p,
@@ -203,6 +226,8 @@ def create_engine(config: RunConfig, engine_id: str):
     return ray.remote(**options)(RolloutEngine).remote(
         engine_id, config.backend, policy_config(config), seed=config.seed,
         task=task_for(config), sampling=sampling, partial_rollout=config.partial_rollout,
+        device=devices.actor_device(config, "engine"),
+        dtype=devices.actor_dtype(config, "engine"),
     )
 
 
@@ -217,19 +242,21 @@ def create_cell(config: RunConfig, cell_id: str):
     if config.engine == "vllm":
         from orchestrator.control.engines.vllm_launch import create_llama_cell
 
-        return create_llama_cell(config, cell_id, CELL_CPUS, objective, **scheduling_options())
+        return create_llama_cell(config, cell_id, CELL_CPUS, objective,
+                                 **devices.gpu_options(config, "cell"), **scheduling_options())
     import ray
 
     from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell
 
-    options = {**TRAIN_CELL_ACTOR_OPTIONS, "num_cpus": CELL_CPUS, **scheduling_options()}
+    options = {**TRAIN_CELL_ACTOR_OPTIONS, "num_cpus": CELL_CPUS,
+               **devices.gpu_options(config, "cell"), **scheduling_options()}
     return ray.remote(**options)(TrainCell).remote(
         cell_id, config.backend, policy_config(config), seed=config.seed,
         transport=config.transport,
         learning_rate=config.lora_lr if config.transport == "lora" else config.lr,
         grpo=objective,
         collective_timeout_s=config.heartbeat_timeout_s,
-        ledger_url=config.db, run_id=config.run_id,
+        ledger_url=config.db, run_id=config.run_id, **devices.cell_device_options(config),
     )
 
 

@@ -22,11 +22,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """One Ray node: its id, its address and its logical CPUs."""
+    """One Ray node: its id, its address, its logical CPUs and GPUs."""
 
     node_id: str
     host: str
     cpus: float = 0.0
+    gpus: float = 0.0
 
     def fields(self) -> dict[str, str]:
         """What the ledger's events record of the node."""
@@ -37,7 +38,8 @@ def live_nodes() -> list[NodeInfo]:
     """Nodes Ray reports alive, in node id order (includes a node dying unnoticed)."""
     nodes = [
         NodeInfo(node["NodeID"], node["NodeManagerAddress"],
-                 float(node.get("Resources", {}).get("CPU", 0.0)))
+                 float(node.get("Resources", {}).get("CPU", 0.0)),
+                 float(node.get("Resources", {}).get("GPU", 0.0)))
         for node in ray.nodes() if node.get("Alive")
     ]
     return sorted(nodes, key=lambda node: node.node_id)

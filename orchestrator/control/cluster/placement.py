@@ -1,7 +1,8 @@
 """Placement: which node each cell and engine of a run goes to, first and after a loss.
 
 **At start** each role (cells, engines) gets one placement group with a bundle per actor
-(``{"CPU": cpus}``). With ``placement="spread"`` the group is ``STRICT_SPREAD`` when the
+(``{"CPU": cpus}``, plus ``"GPU": gpus`` when the role asks for GPUs:
+:func:`~orchestrator.control.launch.role_resources`). With ``placement="spread"`` the group is ``STRICT_SPREAD`` when the
 cluster has at least as many nodes with room as the role has actors (every cell on its own
 node: losing a node loses one cell), else ``SPREAD`` with a warning (best effort; on a
 one-node cluster there is nothing to spread over, so that is only logged). ``placement="pack"``
@@ -78,6 +79,11 @@ class _Role:
     cpus: float
     group: PlacementGroup
     bundles: dict[str, int] = field(default_factory=dict)
+    gpus: float = 0.0
+
+    def fits(self, node: NodeInfo) -> bool:
+        """Whether ``node`` is big enough for one actor of the role."""
+        return node.cpus >= self.cpus and node.gpus >= self.gpus
 
     def bundle_of(self, actor_id: str) -> int:
         return self.bundles.setdefault(actor_id, len(self.bundles))
@@ -96,6 +102,7 @@ class Placement:
         self.mode = config.placement
         self.run_id = config.run_id or "run"
         self.policy = policy
+        self._resources = {role: launch.role_resources(config, role) for role in _ROLE_COUNT}
         self._roles: dict[str, _Role] = {}
         self._nodes: dict[str, NodeInfo] = {}  # actor id -> the node it was placed on
         self._role_of: dict[str, str] = {}
@@ -145,25 +152,27 @@ class Placement:
         return self._roles[role]
 
     def _reserve(self, role: str, count: int) -> _Role:
-        cpus = launch.ROLE_CPUS[role]
+        bundle = self._resources[role]
+        cpus, gpus = bundle["CPU"], bundle.get("GPU", 0.0)
         nodes = live_nodes()
-        with_room = [node for node in nodes if node.cpus >= cpus]
+        with_room = [node for node in nodes if node.cpus >= cpus and node.gpus >= gpus]
         strategy = group_strategy(self.mode, len(with_room), count)
         if self.mode == "spread" and strategy == "SPREAD":
             level = logging.WARNING if len(nodes) > 1 else logging.INFO
             logger.log(level, "placement: %d %ss but %d nodes with room: SPREAD (two %ss may "
                        "share a node, and be lost together)", count, role, len(with_room), role)
-        group = placement_group([{"CPU": cpus}] * count, strategy=strategy,
+        group = placement_group([dict(bundle) for _ in range(count)], strategy=strategy,
                                 name=f"{self.run_id}-{role}s-{secrets.token_hex(3)}")
         self._groups.append(group)
         if not group.wait(timeout_seconds=self.policy.actor_start_timeout_s):
             remove_placement_group(group)
             raise StartupError(
-                f"cannot place {count} {role}s ({strategy}, {cpus:g} CPU each) on the "
-                f"cluster's {len(nodes)} nodes within {self.policy.actor_start_timeout_s:g}s"
+                f"cannot place {count} {role}s ({strategy}, {cpus:g} CPU and {gpus:g} GPU "
+                f"each) on the cluster's {len(nodes)} nodes within "
+                f"{self.policy.actor_start_timeout_s:g}s"
             )
-        logger.info("placement: %d %ss, %s", count, role, strategy)
-        return _Role(role, cpus, group)
+        logger.info("placement: %d %ss, %s, bundle %s", count, role, strategy, bundle)
+        return _Role(role, cpus, group, gpus=gpus)
 
     def _bundle_node(self, role: _Role, index: int) -> NodeInfo | None:
         node_id = placement_group_table(role.group).get("bundles_to_node_id", {}).get(index)
@@ -216,7 +225,8 @@ class Placement:
                 self._suspect.add(node.node_id)
                 _kill(actor)
                 continue
-            self._nodes[actor_id] = NodeInfo(started_on.node_id, started_on.host, node.cpus)
+            self._nodes[actor_id] = NodeInfo(started_on.node_id, started_on.host, node.cpus,
+                                             node.gpus)
             logger.info("placement: %s replaced on node %s (%s)", actor_id,
                         started_on.node_id[:12], started_on.host)
             return actor
@@ -227,7 +237,7 @@ class Placement:
     def _choose(self, role: _Role, actor_id: str, tried: set[str]) -> tuple[Any, NodeInfo] | None:
         """A scheduling strategy and the live node it targets, or None if there is none."""
         candidates = [node for node in live_nodes()
-                      if node.cpus >= role.cpus and node.node_id not in tried]
+                      if role.fits(node) and node.node_id not in tried]
         alive = {node.node_id for node in candidates}
         self._suspect &= alive | tried  # a node Ray reports dead is simply gone
         trusted = [node for node in candidates if node.node_id not in self._suspect]

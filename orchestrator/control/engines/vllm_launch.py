@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import RunConfig
+from orchestrator.control.cluster import devices
 from orchestrator.control.errors import StartupError
 
 __all__ = ["MODEL_DIR_NAME", "create_llama_cell", "create_vllm_engine", "llama_policy",
@@ -81,6 +82,9 @@ def create_vllm_engine(config: RunConfig, engine_id: str, num_cpus: float,
     return ray.remote(**options)(VLLMEngine).remote(
         engine_id, llama_policy(config), seed=config.seed, task=AdditionTask(seed=config.seed),
         sampling=sampling, partial_rollout=config.partial_rollout,
+        device=devices.actor_device(config, "engine"),
+        dtype=devices.actor_dtype(config, "engine"),
+        gpu_memory_utilization=config.gpu_memory_utilization,
     )
 
 
@@ -100,5 +104,5 @@ def create_llama_cell(config: RunConfig, cell_id: str, num_cpus: float, objectiv
         learning_rate=config.lora_lr if config.transport == "lora" else config.lr,
         grpo=objective,
         collective_timeout_s=config.heartbeat_timeout_s,
-        ledger_url=config.db, run_id=config.run_id,
+        ledger_url=config.db, run_id=config.run_id, **devices.cell_device_options(config),
     )
