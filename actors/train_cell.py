@@ -47,6 +47,7 @@ from actors.gradient_group import GradientGroup
 from actors.grpo import GRPOConfig, build_train_batch, grpo_loss
 from actors.policies.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
 from actors.task import TOKENIZER
+from actors.weight_paths import OBJECT_STORE, EngineDevices, local_device_info, select_weight_path
 from actors.weight_sync import (
     TRANSPORTS,
     FinalizeReport,
@@ -134,6 +135,7 @@ class TrainCell:
         self._ledger_handle: Ledger | None = None
         self._pending_checksum: str | None = None
         self._engine_nodes = EngineNodes()
+        self._engine_devices = EngineDevices()
 
     def pid(self) -> int:
         """The process id of this cell (tests kill it from outside)."""
@@ -246,7 +248,11 @@ class TrainCell:
         return collect_weights(self.model, self.transport)
 
     def _stage(self, engines: Sequence[Any]) -> StagedWeights:
-        return stage_weights(engines, self.outgoing_weights())
+        path = OBJECT_STORE  # a CPU cell never asks engines where they run
+        if self.device.type == "cuda":
+            path = select_weight_path(local_device_info(self.device),
+                                      self._engine_devices.of(engines))
+        return stage_weights(engines, self.outgoing_weights(), path)
 
     def _load(self, engines: Sequence[Any], staged: StagedWeights, epoch: int) -> str:
         checksum = load_staged_weights(engines, staged, epoch, self.transport)

@@ -7,6 +7,9 @@ Two transports:
 - ``lora``: only the LoRA adapter tensors (``...lora_a`` / ``...lora_b``); the engines' frozen
   base is never touched.
 
+The path the tensors take (object store, or CUDA IPC between actors sharing a GPU) is chosen
+by :func:`actors.weight_paths.select_weight_path` and changes nothing else.
+
 Whatever the transport, an update ends in the ONE :func:`finalize_and_resume_engines`, which
 stamps every engine with the committed version and then resumes it. There is deliberately no
 transport-specific finalize: a LoRA path that skipped the stamp (the review finding in miles
@@ -33,6 +36,7 @@ from torch import nn
 
 from actors.errors import StaleEpochError, TransferError
 from actors.policies.policy import adapter_state_dict, tensor_state_dict
+from actors.weight_paths import CUDA_IPC, OBJECT_STORE, share_cuda_tensors
 
 __all__ = [
     "TRANSPORTS",
@@ -170,19 +174,34 @@ def await_engine_pause(pending: PendingCalls) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class StagedWeights:
-    """Tensors ready to load: their checksum and what engines are sent (one object-store
-    copy for actor engines, the dict itself for in-process ones)."""
+    """Tensors ready to load: their checksum, what engines are sent (one object-store copy of
+    CPU tensors for actor engines, CUDA IPC handles on the ``cuda_ipc`` path, the dict itself
+    for in-process ones), the path, and the tensors (kept alive while IPC handles are open)."""
 
     checksum: str
     payload: Any
+    path: str = OBJECT_STORE
+    source: dict[str, torch.Tensor] | None = None
 
 
-def stage_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor]) -> StagedWeights:
-    """Checksum ``tensors`` and, for actor engines, put them in the object store once."""
+def stage_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor],
+                  path: str = OBJECT_STORE) -> StagedWeights:
+    """Checksum ``tensors`` and, for actor engines, put them in the object store once (as CPU
+    tensors: an engine without a GPU must read them) or, on the ``cuda_ipc`` path, share
+    them by CUDA IPC handle.
+
+    Raises:
+        ValueError: ``cuda_ipc`` with tensors that are not on CUDA.
+    """
+    checksum = tensors_checksum(tensors)
+    if path == CUDA_IPC:
+        return StagedWeights(checksum, share_cuda_tensors(tensors), CUDA_IPC, tensors)
     payload: Any = tensors
     if any(isinstance(engine, ActorHandle) for engine in engines):
-        payload = ray.put(tensors)  # one copy in the object store, shared by every engine
-    return StagedWeights(tensors_checksum(tensors), payload)
+        on_cpu = {name: tensor if tensor.device.type == "cpu" else tensor.to("cpu")
+                  for name, tensor in tensors.items()}
+        payload = ray.put(on_cpu)  # one copy in the object store, shared by every engine
+    return StagedWeights(checksum, payload)
 
 
 def transfer_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor], epoch: int,

@@ -48,6 +48,7 @@ from actors.engines.engine_protocol import pause_mode
 from actors.errors import EngineStateError, StaleEpochError
 from actors.policies.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
 from actors.task import AdditionTask
+from actors.weight_paths import open_weights
 from actors.weight_sync import TRANSPORTS, tensors_checksum
 from orchestrator.rollout.types import Prompt, Sample, SampleStatus, check_weight_version
 
@@ -364,6 +365,7 @@ class RolloutEngine:
         """
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {transport!r}; expected one of {TRANSPORTS}")
+        tensors = open_weights(tensors)  # CUDA IPC handles from a publisher on our GPU
         with self._state:
             self._check_epoch("load_weights", epoch)
             if not self._paused or self._running:

@@ -8,7 +8,7 @@ plain class, made remote where it is allocated, as a threaded actor::
 
     Engine = ray.remote(**VLLM_ENGINE_ACTOR_OPTIONS)(VLLMEngine)
 
-How it drives vLLM (0.32, V1, CPU): one in-process ``LLMEngine`` (no engine-core subprocess:
+How it drives vLLM (0.32, V1, CPU or CUDA: :mod:`actors.engines.vllm_args`): one in-process ``LLMEngine`` (no engine-core subprocess:
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so killing the actor kills the engine), stepped by one
 thread of ours. Each ``step()`` is one token for every running request, so "between tokens" is
 "between steps", and every token is stamped with the version the engine held during its step.
@@ -45,11 +45,14 @@ import ray
 
 from actors.engines.engine_protocol import pause_mode
 from actors.engines.engine_state import EngineState
+from actors.engines.vllm_args import engine_arguments, start_vllm
+from actors.errors import EngineStateError
 from actors.policies.hf_policy import HFPolicyConfig, hf_config, read_checkpoint
 from actors.policies.policy import PolicyError
 from actors.engines.rollout_engine import SamplingParams
 from actors.task import AdditionTask
 from actors.engines.vllm_weights import EngineWeights
+from actors.weight_paths import open_weights
 from actors.weight_sync import tensors_checksum
 from orchestrator.rollout.types import Prompt, Sample, SampleStatus
 
@@ -102,13 +105,17 @@ class VLLMEngine:
         partial_rollout: bool = False,
         paused_wait_timeout_s: float = 60.0,
         kv_cache_bytes: int = _DEFAULT_KV_CACHE_BYTES,
+        device: str = "cpu",
+        dtype: str = "float32",
+        gpu_memory_utilization: float | None = None,
     ) -> None:
-        """Start vLLM on ``policy.model_dir`` (float32, eager, in-process); version 0 = the
-        directory's weights, which the trainer must also start from.
+        """Start vLLM on ``policy.model_dir`` (eager, in-process) on ``device`` in ``dtype``
+        (:func:`actors.engines.vllm_args.engine_arguments`); version 0 = the directory's
+        weights, which the trainer must also start from.
 
         Raises:
             PolicyError: no Llama checkpoint in the directory.
-            ValueError: invalid sampling parameters.
+            ValueError: invalid sampling parameters or device.
         """
         os.environ.update(VLLM_ENVIRONMENT)
         self.engine_id = engine_id
@@ -122,8 +129,11 @@ class VLLMEngine:
         self.weights = EngineWeights(read_checkpoint(self.policy.model_dir),
                                      self.policy.lora_alpha,
                                      bool(getattr(config, "tie_word_embeddings", False)))
+        self.device = device
+        arguments = engine_arguments(self.policy.model_dir, seed, self.max_model_len,
+                                     kv_cache_bytes, device, dtype, gpu_memory_utilization)
         started = time.monotonic()
-        self._llm = _start_vllm(self.policy.model_dir, seed, self.max_model_len, kv_cache_bytes)
+        self._llm = start_vllm(**arguments)
         self.startup_s = time.monotonic() - started
         self.state = EngineState(engine_id)
         self.state.counters["generated_tokens"] = 0
@@ -339,7 +349,8 @@ class VLLMEngine:
             with self.state.lock:
                 self.state.check_epoch("load_weights", epoch)
                 self.state.require_paused("load weights")
-            plan = self.weights.plan(tensors, transport)
+            plan = self.weights.plan(open_weights(tensors), transport)
+            self._wake()  # a sleeping engine's weights are offloaded: reload onto the GPU
             self._llm.collective_rpc("reload_weights",
                                      kwargs={"weights_iterator": list(plan.reload.items())})
             if not self._llm.reset_prefix_cache(reset_running_requests=True):
@@ -373,6 +384,7 @@ class VLLMEngine:
             with self.state.lock:
                 if epoch is not None:
                     self.state.check_epoch("continue_generation", epoch)
+            self._wake()
             self._core().resume_scheduler()
             with self.state.lock:
                 self.state.resume()
@@ -390,6 +402,34 @@ class VLLMEngine:
             return {**self.state.snapshot(), "backend": "vllm", "engine": "vllm",
                     "pause_mode": self.pause_mode, "startup_s": round(self.startup_s, 3)}
 
+    @ray.method(concurrency_group=CONTROL)
+    def sleep(self, level: int = 1) -> None:
+        """Free the GPU's memory while paused (vLLM's sleep mode: level 1 offloads the weights
+        to CPU memory and drops the KV cache); :meth:`wake_up` before resuming.
+
+        Raises:
+            EngineStateError: not paused, or not on CUDA (vLLM's sleep mode is CUDA only).
+        """
+        with self._engine_lock:
+            with self.state.lock:
+                self.state.require_paused("sleep")
+            if self.device != "cuda":
+                raise EngineStateError(f"engine {self.engine_id}: sleep mode needs CUDA")
+            self._llm.sleep(level, mode="abort" if self.pause_mode == "abort" else "keep")
+
+    @ray.method(concurrency_group=CONTROL)
+    def wake_up(self) -> None:
+        """Take the GPU's memory back after :meth:`sleep` (no-op when awake);
+        :meth:`load_weights` and :meth:`continue_generation` do it too."""
+        with self._engine_lock:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Must hold ``_engine_lock``. Wake vLLM if it sleeps (resuming or loading always
+        does: a sleeping engine cannot step or reload)."""
+        if self.device == "cuda" and self._llm.is_sleeping():
+            self._llm.wake_up()
+
     def close(self) -> None:
         """Stop the stepping thread (the engine is freed with the actor)."""
         with self.state.lock:
@@ -400,16 +440,3 @@ class VLLMEngine:
     def _core(self) -> Any:
         """The in-process ``EngineCore`` (its scheduler pause has no ``LLMEngine`` wrapper)."""
         return self._llm.engine_core.engine_core
-
-
-def _start_vllm(model_dir: str, seed: int, max_model_len: int, kv_cache_bytes: int) -> Any:
-    """An in-process vLLM ``LLMEngine`` on CPU in float32, eager, with processed log-probs."""
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.v1.engine.llm_engine import LLMEngine
-
-    arguments = EngineArgs(
-        model=model_dir, dtype="float32", enforce_eager=True, seed=seed,
-        max_model_len=max_model_len, kv_cache_memory_bytes=kv_cache_bytes,
-        logprobs_mode="processed_logprobs", disable_log_stats=True,
-    )
-    return LLMEngine.from_engine_args(arguments)

@@ -1,9 +1,17 @@
-"""megatron-core's ``GPTModel`` as the policy, on a machine without a GPU.
+"""megatron-core's ``GPTModel`` as the policy, on CPU or on CUDA.
 
 megatron-core's parallel state is process-global and needs ``torch.distributed``; each process
-that builds a megatron policy initialises its own gloo world of size 1 on a file store
-(:func:`ensure_megatron_parallel_state`). Cross-cell gradient averaging never uses that default
-group (see :mod:`actors.gradient_group`). The importing of megatron is lazy: it takes seconds.
+that builds a megatron policy initialises its own world of size 1 on a file store
+(:func:`ensure_megatron_parallel_state`): gloo without CUDA, NCCL for CUDA tensors (with gloo
+for CPU ones) where CUDA is present, as megatron expects. Cross-cell gradient averaging never
+uses that default group (see :mod:`actors.gradient_group`). The importing of megatron is lazy:
+it takes seconds.
+
+Device set-up (:func:`prepare_megatron_device`, the one place for both megatron policies):
+without CUDA, megatron-core 0.16 is patched to run on CPU; with CUDA nothing is patched and its
+CUDA RNG tracker is seeded as megatron's own training loop does. Weights are initialised on the
+CPU (``use_cpu_initialization``) on both, then moved to the actor's device: the same seed then
+gives the same version-0 weights on a CUDA cell and a CPU engine (CUDA's RNG would not).
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ from torch import nn
 
 from actors.errors import PolicyError
 
-__all__ = ["PolicySizes", "build_megatron_gpt", "ensure_megatron_parallel_state"]
+__all__ = ["PolicySizes", "build_megatron_gpt", "default_group_backend",
+           "ensure_megatron_parallel_state", "prepare_megatron_device"]
 
 
 class PolicySizes(Protocol):
@@ -35,11 +44,18 @@ class PolicySizes(Protocol):
 _MEGATRON_LOCK = threading.Lock()
 
 
+def default_group_backend(cuda: bool | None = None) -> str:
+    """The backend of this process's world of 1: ``"gloo"`` without CUDA, else NCCL for CUDA
+    tensors and gloo for CPU ones. ``cuda`` None: whether torch sees CUDA here."""
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    return "cpu:gloo,cuda:nccl" if cuda else "gloo"
+
+
 def ensure_megatron_parallel_state() -> None:
     """Initialise this process's megatron parallel state (TP = PP = 1) once.
 
-    If ``torch.distributed`` is not initialised, creates a gloo world of size 1 on a fresh file
-    store (no port to collide with other processes). Safe to call repeatedly and from threads.
+    If ``torch.distributed`` is not initialised, creates a world of size 1 on a fresh file store
+    (no port to collide with other processes), over :func:`default_group_backend`. Safe to call repeatedly and from threads.
 
     Raises:
         PolicyError: ``torch.distributed`` is already initialised with a world size other than
@@ -53,7 +69,8 @@ def ensure_megatron_parallel_state() -> None:
             handle, path = tempfile.mkstemp(prefix="rl-ledger-megatron-")
             os.close(handle)
             os.unlink(path)
-            dist.init_process_group("gloo", init_method=f"file://{path}", rank=0, world_size=1)
+            dist.init_process_group(default_group_backend(), init_method=f"file://{path}",
+                                    rank=0, world_size=1)
         if dist.get_world_size() != 1:
             raise PolicyError(
                 f"megatron policy needs a torch.distributed world of 1 per process, "
@@ -65,20 +82,24 @@ def ensure_megatron_parallel_state() -> None:
             )
 
 
-def _apply_megatron_cpu_shim(seed: int) -> None:
-    """Let megatron-core 0.16 build and run a model on a machine without a GPU.
+def prepare_megatron_device(seed: int) -> str:
+    """Set megatron-core 0.16 up for this process's device; returns "cuda" or "cpu".
 
-    Why: megatron allocates some tensors with ``device=torch.cuda.current_device()``, which
-    raises on a CPU-only torch build, and its default RNG tracker forks CUDA RNG state. So, only
-    when no GPU is present, ``current_device`` answers ``"cpu"`` and the tracker is the no-op
-    inference tracker (dropout is 0 in our configs, so no model-parallel RNG is needed).
+    With CUDA: no patch; megatron's CUDA RNG tracker is seeded with ``seed`` (its attention
+    forks it around dropout, so an unseeded tracker raises). Without CUDA, a patch: megatron
+    allocates some tensors with ``device=torch.cuda.current_device()``, which raises on a
+    CPU-only torch build, and its default RNG tracker forks CUDA RNG state; so
+    ``current_device`` answers ``"cpu"`` and the tracker is the no-op inference tracker
+    (dropout is 0 in our configs, so no model-parallel RNG is needed).
     """
-    if torch.cuda.is_available():
-        return
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
+    if torch.cuda.is_available():
+        model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+        return "cuda"
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True, force_reset_rng=True)
+    return "cpu"
 
 
 _MEGATRON_CLASS: type[nn.Module] | None = None
@@ -109,8 +130,9 @@ def _megatron_causal_lm_class() -> type[nn.Module]:
 
 
 def build_megatron_gpt(config: PolicySizes, seed: int, init_std: float) -> nn.Module:
-    """A megatron-core ``GPTModel`` of ``config``'s sizes on CPU, called as
-    ``model(tokens) -> logits`` (initialised from the current torch RNG).
+    """A megatron-core ``GPTModel`` of ``config``'s sizes, built on the CPU (the caller moves
+    it to its device), called as ``model(tokens) -> logits`` (initialised from the current
+    torch RNG).
 
     Raises:
         PolicyError: a foreign ``torch.distributed`` world (see
@@ -124,7 +146,7 @@ def build_megatron_gpt(config: PolicySizes, seed: int, init_std: float) -> nn.Mo
         from megatron.core.transformer.transformer_config import TransformerConfig
 
         ensure_megatron_parallel_state()
-        _apply_megatron_cpu_shim(seed)
+        prepare_megatron_device(seed)
         transformer_config = TransformerConfig(
             num_layers=config.num_layers,
             hidden_size=config.hidden_size,

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from actors.policies.hf_policy import HFPolicyConfig, hf_config, read_checkpoint
+from actors.policies.megatron_gpt import prepare_megatron_device
 from actors.policies.policy import (
     PROJECTION_LORA_TARGETS,
     PolicyError,
@@ -188,17 +189,6 @@ def hf_to_megatron(tensors: dict[str, torch.Tensor], shape: LlamaShape) -> dict[
     return converted
 
 
-def _cpu_shim(seed: int) -> None:
-    """megatron-core on a machine without a GPU (as in :mod:`actors.policies.megatron_gpt`, whose
-    shim is private): ``current_device`` answers ``"cpu"`` and the RNG tracker is a no-op."""
-    if torch.cuda.is_available():
-        return
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
-    model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True, force_reset_rng=True)
-
-
 _LLAMA_CLASS: type[nn.Module] | None = None
 
 
@@ -249,7 +239,7 @@ def build_megatron_llama(config: HFPolicyConfig | dict[str, Any], seed: int = 0)
         from megatron.core.transformer.transformer_config import TransformerConfig
 
         ensure_megatron_parallel_state()
-        _cpu_shim(seed)
+        prepare_megatron_device(seed)  # patches only without CUDA
         transformer_config = TransformerConfig(
             num_layers=shape.num_layers,
             hidden_size=shape.hidden_size,
