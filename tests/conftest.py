@@ -20,6 +20,20 @@ DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 RAY_TEST_CPUS = 8  # logical CPUs; actors take fractions of them on the 2-core machine
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """``gpu``-marked tests are skipped, with one reason, where torch sees no CUDA device."""
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (make gpu-check on a GPU machine)")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
+
+
 def pg_base_url() -> str:
     return os.environ.get("LEDGER_TEST_PG_URL", DEFAULT_PG_URL)
 

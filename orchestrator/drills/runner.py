@@ -258,6 +258,7 @@ def run_drill(plan: FaultPlan, options: DrillOptions = DrillOptions(),
     job: TrainingJob | None = None
     try:
         launch.init_ray(config, options.ray_address)
+        config = launch.resolve_devices(config)  # auto: CUDA where Ray reports GPUs
         launch.check_cluster_ledger(config, drill.ledger_url, options.ray_address)
         drill.ledger.start_run(drill.run_id, config=config.model_dump(mode="json"))
         drill.ledger.append(drill.run_id, EventKind.DRILL_STARTED, {
