@@ -6,8 +6,8 @@ Both backends build the same architecture with the same parameter names (megatro
 state dict saved by one loads into the other and gives the same logits. Every model returned by
 :func:`build_policy` is called as ``model(tokens[b, s]) -> logits[b, s, vocab]`` (causal).
 
-Megatron on CPU is built in :mod:`actors.policies.megatron_gpt`; the twin needs none of it and does not
-import megatron.
+Megatron is built in :mod:`actors.policies.megatron_gpt` (patched for CPU only where there is
+no CUDA); the twin needs none of it and does not import megatron.
 
 LoRA: :func:`apply_lora` wraps the attention (``linear_qkv``, ``linear_proj``) and MLP
 (``linear_fc1``, ``linear_fc2``) projections and the ``output_layer`` with low-rank adapters and

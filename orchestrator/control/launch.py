@@ -11,7 +11,10 @@ manager goes to the driver's node when it has room (it is lost with the driver a
 
 ``init_ray`` without an address always starts a cluster of its own (``address="local"``),
 whatever ``ray start`` cluster runs, or ran, on the machine; with an address it joins and never
-passes resources (the cluster has its own).
+passes resources (the cluster has its own). A local cluster counts this machine's GPUs itself
+(Ray's detection): that resource view is what ``--device auto`` and the default GPU shares are
+decided from (:func:`resolve_devices`), and each cell and engine asks for its GPUs
+(``num_gpus``) on top of its CPUs.
 """
 
 from __future__ import annotations
@@ -206,7 +209,8 @@ def policy_config(config: RunConfig):
 
 def create_engine(config: RunConfig, engine_id: str):
     """A ``RolloutEngine`` actor with the run's policy, task, sampling parameters and pause
-    mode (``partial_rollout``: in_place, else abort); a ``VLLMEngine`` with ``--engine vllm``."""
+    mode (``partial_rollout``: in_place, else abort), on its GPUs and device
+    (:mod:`orchestrator.control.cluster.devices`); a ``VLLMEngine`` with ``--engine vllm``."""
     if config.engine == "vllm":
         from orchestrator.control.engines.vllm_launch import create_vllm_engine
 
@@ -234,7 +238,9 @@ def create_engine(config: RunConfig, engine_id: str):
 def create_cell(config: RunConfig, cell_id: str):
     """A ``TrainCell`` actor with the run's policy, optimizer and transport, bound to the
     run's ledger (``config.db``, ``config.run_id``) for publishing. The ``lora`` transport
-    trains only the adapters, at ``lora_lr``. With ``--engine vllm``, a ``LlamaTrainCell``."""
+    trains only the adapters, at ``lora_lr``. Its GPUs, device, dtype and gradient backend come
+    from :mod:`orchestrator.control.cluster.devices`. With ``--engine vllm``, a
+    ``LlamaTrainCell``."""
     from actors.grpo import GRPOConfig
 
     objective = GRPOConfig(clip_low=config.eps_clip, clip_high=config.eps_clip_high,

@@ -70,7 +70,9 @@ def llama_policy(config: RunConfig):
 
 def create_vllm_engine(config: RunConfig, engine_id: str, num_cpus: float,
                        **actor_options: Any):
-    """A ``VLLMEngine`` actor with the run's model, task, sampling and pause mode."""
+    """A ``VLLMEngine`` actor with the run's model, task, sampling and pause mode, on its
+    device and dtype with the run's ``gpu_memory_utilization`` (``actor_options`` carry its
+    ``num_gpus``)."""
     import ray
 
     from actors.task import AdditionTask
