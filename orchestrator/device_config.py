@@ -49,8 +49,8 @@ class DeviceOptions(BaseModel):
     )
     gpus_per_engine: float | None = Field(
         default=None, ge=0.0,
-        description="GPUs each rollout engine asks Ray for, fractional below 1; default as "
-                    "--gpus-per-cell",
+        description="GPUs each rollout engine asks Ray for, fractional below 1; default: the "
+                    "same rule as for cells",
     )
     gpu_memory_utilization: float | None = Field(
         default=None, gt=0.0, le=1.0,

@@ -302,3 +302,24 @@ def test_a_checkpoint_written_on_cuda_resumes_on_cpu(tmp_path: Path, monkeypatch
     groups = _groups(engine)
     assert reader.train_step(groups)["loss"] == writer.train_step(groups)["loss"]
     assert reader.weights_checksum() == writer.weights_checksum()  # optimizer state came too
+
+
+# ------------------------------------------------------------------ the command
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (["--device", "cuda"], "device: --device cuda but the Ray cluster reports no GPU"),
+    (["--gpus-per-cell", "1"], "gpus_per_cell: GPUs per cell or engine were asked for"),
+])
+def test_asking_for_gpus_on_a_cluster_without_them_is_exit_2_and_writes_nothing(
+        argv: list[str], fragment: str, capsys, tmp_path: Path) -> None:
+    from orchestrator.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--runs-dir", str(tmp_path), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+
+    assert exited.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("orchestrator: error: ") and fragment in err[0]
+    assert list(tmp_path.iterdir()) == []

@@ -116,6 +116,7 @@ def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
         raise StartupError(f"run {run_id} already exists in {layout.run_dir}; pass --resume")
     # Before the ledger is touched, so a job that cannot start writes nothing.
     launch.check_cpu_budget(config, options.ray_address)
+    launch.check_gpu_budget(config, options.ray_address)
     # Absolute: the actors open it too, and a worker's directory is not the driver's.
     ledger_url = config.db or default_ledger_url(layout.run_dir.resolve())
     config = config.model_copy(update={"run_id": run_id, "db": ledger_url})

@@ -36,6 +36,7 @@ __all__ = [
     "StartupError",
     "check_cluster_ledger",
     "check_cpu_budget",
+    "check_gpu_budget",
     "create_cell",
     "create_engine",
     "create_rollout_manager",
@@ -159,6 +160,20 @@ def check_cpu_budget(config: RunConfig, address: str | None = None) -> None:
         _check_budget(budget, float(ray.cluster_resources().get("CPU", 0.0)))
     elif address is None:
         _check_budget(budget, float(os.cpu_count() or 1))
+
+
+def check_gpu_budget(config: RunConfig, address: str | None = None) -> None:
+    """Fail fast, before anything is written, if a config that asks for GPUs outright
+    (``--device cuda``, a GPU count) cannot get them: Ray is started (or joined) first, since
+    only its resource view knows. Any other config is left to :func:`resolve_devices`, which
+    cannot fail for it (and Ray is not started here).
+
+    Raises:
+        StartupError: as :func:`resolve_devices`; or the cluster cannot be joined.
+    """
+    if devices.asks_for_gpus(config):
+        init_ray(config, address)
+        resolve_devices(config)
 
 
 def _check_budget(budget: ActorBudget, available: float) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 from orchestrator.config import RunConfig
 from orchestrator.control.errors import StartupError
 
-__all__ = ["actor_device", "actor_dtype", "cell_device_options", "cluster_gpus",
+__all__ = ["actor_device", "actor_dtype", "asks_for_gpus", "cell_device_options", "cluster_gpus",
            "default_gpu_share", "gpu_options", "gpus_of", "resolve_devices"]
 
 _ROLE_FIELD = {"cell": "gpus_per_cell", "engine": "gpus_per_engine"}
@@ -64,6 +64,9 @@ def resolve_devices(config: RunConfig, gpus: float) -> RunConfig:
     if device == "cuda" and gpus <= 0:
         raise StartupError("device: --device cuda but the Ray cluster reports no GPU "
                            "(use --device auto or cpu)")
+    if device == "cpu" and (config.gpus_per_cell or config.gpus_per_engine):
+        raise StartupError("gpus_per_cell: GPUs per cell or engine were asked for but the Ray "
+                           "cluster reports no GPU")
     dtype = config.dtype if config.dtype != "auto" else (
         "bfloat16" if device == "cuda" else "float32")
     if device == "cpu":
@@ -85,6 +88,13 @@ def resolve_devices(config: RunConfig, gpus: float) -> RunConfig:
         "device": "cuda", "dtype": dtype, "gpus_per_cell": per_cell,
         "gpus_per_engine": per_engine, "gpu_memory_utilization": memory,
     })
+
+
+def asks_for_gpus(config: RunConfig) -> bool:
+    """Whether ``config`` says GPUs outright (``--device cuda`` or a GPU count above 0): the
+    only configs whose resolution can fail, so the only ones checked before anything is
+    written (:func:`orchestrator.control.launch.check_gpu_budget`)."""
+    return config.device == "cuda" or bool(config.gpus_per_cell or config.gpus_per_engine)
 
 
 def gpus_of(config: RunConfig, role: str) -> float:
