@@ -323,3 +323,15 @@ def test_asking_for_gpus_on_a_cluster_without_them_is_exit_2_and_writes_nothing(
     assert exited.value.code == 2 and len(err) == 1, err
     assert err[0].startswith("orchestrator: error: ") and fragment in err[0]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_gpu_role_fits_only_nodes_with_gpus_to_spare() -> None:
+    from orchestrator.control.cluster.nodes import NodeInfo
+    from orchestrator.control.cluster.placement import _Role
+
+    role = _Role("cell", 0.25, None, gpus=0.5)
+
+    assert not role.fits(NodeInfo("a", "10.0.0.1", 4.0, 0.0))
+    assert role.fits(NodeInfo("b", "10.0.0.2", 4.0, 1.0))
+    assert not role.fits(NodeInfo("c", "10.0.0.3", 0.1, 8.0))
+    assert _Role("cell", 0.25, None).fits(NodeInfo("a", "10.0.0.1", 4.0))  # CPU roles as before
