@@ -10,8 +10,9 @@ is the same code for both (:mod:`actors.weight_sync`).
   actor on the same node and the same physical GPU (fractional GPUs: a cell and its engines
   sharing one device). The publisher sends CUDA IPC handles of its staged tensors
   (``torch.multiprocessing.reductions.reduce_tensor``, the route verl and slime take for
-  colocated engines); each engine opens them on its own CUDA device and copies from them. No
-  host copy, no object store. The publisher keeps the tensors alive until every engine has
+  colocated engines); each engine opens them on its own CUDA device and copies from them: the
+  built-in engine device to device; a vLLM engine keeps its logical weights on the CPU, so it
+  copies them to the host once, but nothing goes through the object store. The publisher keeps the tensors alive until every engine has
   answered (:class:`~actors.weight_sync.StagedWeights` holds them).
 
 An NCCL broadcast from the publisher to engines on other GPUs is not implemented: across GPUs

@@ -67,7 +67,9 @@ class EngineWeights:
             PolicyError: a missing, unexpected or mis-shaped tensor.
             ValueError: unknown transport.
         """
-        received = {name: tensor.detach().float() for name, tensor in tensors.items()}
+        # CPU copies (no-ops for CPU tensors): the logical state must not hold on to a
+        # publisher's CUDA memory opened by IPC, and the LoRA base lives on the CPU.
+        received = {name: tensor.detach().float().cpu() for name, tensor in tensors.items()}
         if transport == "full":
             return UpdatePlan(transport, received, self._check_full(received))
         if transport == "lora":
