@@ -7,8 +7,8 @@ A plain class, made remote where it is allocated::
 Each step, alive cells average gradients over a group (gloo, or NCCL when each cell has a
 GPU of its own) that the control plane re-forms when membership changes
 (:meth:`TrainCell.configure_group`; the mechanism is in :mod:`actors.gradient_group`). The
-cell computes on ``device`` in ``dtype`` (:mod:`actors.device`); its state, checkpoints and
-outgoing weights leave it on the CPU.
+cell computes on ``device`` in ``dtype`` (:mod:`actors.device`); its state and checkpoints
+leave it on the CPU, its weights by the object store or CUDA IPC (:mod:`actors.weight_paths`).
 
 One cell is the publisher (the newest ``cell_promoted`` in the ledger). Its weight update
 follows DESIGN section 5 through four public steps that :meth:`TrainCell.update_weights` calls
