@@ -138,6 +138,10 @@ class AdditionTask:
             label=str(left + right),
         )
 
+    def score_group(self, prompt: Prompt, responses: Sequence[Sequence[int]]) -> list[float]:
+        """:meth:`reward` of each response (the engines' call, one per finished group)."""
+        return [self.reward(prompt, response) for response in responses]
+
     def reward(self, prompt: Prompt, response_tokens: Sequence[int]) -> float:
         """1.0 for exactly the sum then EOS; partial credit (< 1) for other digits then EOS;
         0.0 for anything else.

@@ -46,7 +46,7 @@ from pydantic.fields import FieldInfo
 
 from ledger.redact import redact_text
 from ledger.run_layout import DEFAULT_RUNS_DIR
-from orchestrator.config import ConfigError, RunConfig
+from orchestrator.config import ALIASES, ConfigError, RunConfig
 from orchestrator.render import DrillTable, print_run_summary
 
 __all__ = ["app", "main"]
@@ -74,13 +74,15 @@ app = typer.Typer(
 def _run_config_option(name: str, field: FieldInfo) -> Any:
     """``Annotated[T | None, typer.Option(...)]`` for one RunConfig field; None = not given."""
     flag = name.replace("_", "-")
+    aliases = [f"--{alias.replace('_', '-')}" for alias in ALIASES.get(name, ())]
     if field.annotation is bool:
         declaration = f"--{flag}/--no-{flag}"
         shown_default: str | bool = flag if field.default else f"no-{flag}"
     else:
         declaration = f"--{flag}"
         shown_default = False if field.default is None else str(field.default)
-    option = typer.Option(declaration, help=field.description, show_default=shown_default)
+    option = typer.Option(declaration, *aliases, help=field.description,
+                          show_default=shown_default)
     return Annotated[field.annotation | None, option]
 
 

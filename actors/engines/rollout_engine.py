@@ -47,6 +47,7 @@ from actors.device import select_device, torch_dtype
 from actors.engines.engine_protocol import pause_mode
 from actors.errors import EngineStateError, StaleEpochError
 from actors.policies.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
+from actors.engines.scoring import score_group
 from actors.task import AdditionTask
 from actors.weight_paths import open_weights
 from actors.weight_sync import TRANSPORTS, tensors_checksum
@@ -109,7 +110,7 @@ class RolloutEngine:
         backend: str = "torch",
         policy_config: Any = None,
         seed: int = 0,
-        task: AdditionTask | None = None,
+        task: Any = None,
         sampling: SamplingParams | dict[str, Any] | None = None,
         paused_wait_timeout_s: float = 60.0,
         partial_rollout: bool = False,
@@ -283,12 +284,11 @@ class RolloutEngine:
                  aborted: bool) -> list[Sample]:
         samples = []
         responses, finished = rollout.responses, rollout.finished
+        unfinished = SampleStatus.ABORTED if aborted else SampleStatus.TRUNCATED
+        statuses = [SampleStatus.COMPLETED if done else unfinished for done in finished]
+        rewards, reward_error = score_group(self.task, prompt, responses, statuses)
         for row, (response, row_log_probs) in enumerate(zip(responses, rollout.log_probs)):
-            if finished[row]:
-                status = SampleStatus.COMPLETED
-            else:
-                status = SampleStatus.ABORTED if aborted else SampleStatus.TRUNCATED
-            reward = 0.0 if status is SampleStatus.ABORTED else self.task.reward(prompt, response)
+            status, reward = statuses[row], rewards[row]
             samples.append(Sample(
                 index=group_index * len(responses) + row,
                 group_index=group_index,
@@ -301,6 +301,7 @@ class RolloutEngine:
                 token_versions=list(rollout.token_versions[row]),
                 metadata={"engine_id": self.engine_id, "prompt_index": prompt.index,
                           "label": prompt.label},
+                reward_error=None if status is SampleStatus.ABORTED else reward_error,
             ))
         return samples
 

@@ -50,6 +50,7 @@ from actors.errors import EngineStateError
 from actors.policies.hf_policy import HFPolicyConfig, hf_config, read_checkpoint
 from actors.policies.policy import PolicyError
 from actors.engines.rollout_engine import SamplingParams
+from actors.engines.scoring import score_group
 from actors.task import AdditionTask
 from actors.engines.vllm_weights import EngineWeights
 from actors.weight_paths import open_weights
@@ -100,7 +101,7 @@ class VLLMEngine:
         engine_id: str,
         policy: HFPolicyConfig | dict[str, Any],
         seed: int = 0,
-        task: AdditionTask | None = None,
+        task: Any = None,
         sampling: SamplingParams | dict[str, Any] | None = None,
         partial_rollout: bool = False,
         paused_wait_timeout_s: float = 60.0,
@@ -274,15 +275,14 @@ class VLLMEngine:
 
     def _samples(self, prompt: Prompt, group_index: int, tracks: list[_Track]) -> list[Sample]:
         samples = []
+        eos_id = self.task.tokenizer.eos_id
+        statuses = [SampleStatus.ABORTED if track.finish_reason == "abort"
+                    else SampleStatus.COMPLETED if track.tokens and track.tokens[-1] == eos_id
+                    else SampleStatus.TRUNCATED for track in tracks]
+        rewards, reward_error = score_group(self.task, prompt,
+                                            [track.tokens for track in tracks], statuses)
         for row, track in enumerate(tracks):
-            if track.finish_reason == "abort":
-                status = SampleStatus.ABORTED
-            elif track.tokens and track.tokens[-1] == self.task.tokenizer.eos_id:
-                status = SampleStatus.COMPLETED
-            else:
-                status = SampleStatus.TRUNCATED
-            reward = 0.0 if status is SampleStatus.ABORTED else self.task.reward(prompt,
-                                                                                 track.tokens)
+            status, reward = statuses[row], rewards[row]
             samples.append(Sample(
                 index=group_index * len(tracks) + row,
                 group_index=group_index,
@@ -295,6 +295,7 @@ class VLLMEngine:
                 token_versions=list(track.token_versions),
                 metadata={"engine_id": self.engine_id, "prompt_index": prompt.index,
                           "label": prompt.label},
+                reward_error=None if status is SampleStatus.ABORTED else reward_error,
             ))
         return samples
 

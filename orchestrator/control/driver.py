@@ -33,7 +33,7 @@ from ledger.run_layout import (
 )
 from ledger.audit.witness import Witness, check_witnesses, read_witnesses, write_checkpoint_witness
 from orchestrator.config import RunConfig
-from orchestrator.control import launch
+from orchestrator.control import launch, task_setup
 from orchestrator.control.errors import StartupError
 from orchestrator.control.hooks import JobHooks
 from orchestrator.control.reporting.progress import RunProgress
@@ -55,13 +55,9 @@ EngineFactory = Callable[[RunConfig, str], Any]
 
 @dataclass(frozen=True)
 class JobOptions:
-    """How to run a job (as opposed to what to train: that is the RunConfig).
-
-    ``hooks`` is the seam where drills and tests act on the job at named points;
-    ``on_step(job, step)`` is a shorthand for a hook after each step's metrics are written.
-    ``engine_factory`` builds one rollout engine actor (benchmarks pass one that models
-    generation on its own accelerator).
-    """
+    """How to run a job (what to train is the RunConfig). ``hooks``: where drills and tests act
+    on the job at named points; ``on_step(job, step)``: a hook after each step's metrics line;
+    ``engine_factory`` builds one engine actor (benchmarks model an accelerator with one)."""
 
     resume: bool = False
     ray_address: str | None = None
@@ -117,6 +113,7 @@ def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
     # Before the ledger is touched, so a job that cannot start writes nothing.
     launch.check_cpu_budget(config, options.ray_address)
     launch.check_gpu_budget(config, options.ray_address)
+    config = task_setup.prepare(config)  # the data, tokenizer and reward, checked
     # Absolute: the actors open it too, and a worker's directory is not the driver's.
     ledger_url = config.db or default_ledger_url(layout.run_dir.resolve())
     config = config.model_copy(update={"run_id": run_id, "db": ledger_url})
@@ -224,7 +221,7 @@ class TrainingJob:
         """Start the run in the ledger (or check it exists when resuming)."""
         if not self.options.resume:
             # The ledger redacts credentials (a URL's password) before they are recorded.
-            self.ledger.start_run(self.run_id, config=self.config.model_dump(mode="json"))
+            self.ledger.start_run(self.run_id, config=task_setup.started_config(self.config))
             return
         try:
             self.ledger.head(self.run_id)
@@ -232,6 +229,7 @@ class TrainingJob:
             raise StartupError(f"run {self.run_id} is not in {self.ledger.url}; "
                                "nothing to resume") from None
         self.check_witnesses()  # before anything is written
+        task_setup.check_dataset_identity(self.ledger, self.run_id, self.config)
 
     def restore_checkpoint(self) -> tuple[int, str | None]:
         """Load the newest checkpoint into every cell, take over with a new epoch (fencing
@@ -349,7 +347,7 @@ class TrainingJob:
         the prompts it settled); from then on its prompts are on record as trained."""
         dropped_prompts, next_index = self.supervisor.call_manager(
             lambda manager: manager.provenance_snapshot.remote())
-        self.provenance.record(
+        event = self.provenance.record(
             step + 1, batch, trainer_version=trainer_version,
             produced_version=produced_version, cells=self.supervisor.cells.alive_ids(),
             drain_version=int(batch.metrics.get(metric_key("weight_version"), trainer_version)),
@@ -357,6 +355,7 @@ class TrainingJob:
             recycled=int(batch.metrics.get(metric_key("recycled"), 0)),
         )
         self.supervisor.prompts_in_hand = set()
+        task_setup.check_reward_errors(event, self.config)
 
     def record(self, step: int, batch: RolloutFnTrainOutput, train: dict[str, float],
                version: int | None, step_started: float, timings: dict[str, float]

@@ -19,7 +19,6 @@ decided from (:func:`resolve_devices`), and each cell and engine asks for its GP
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +29,7 @@ from typing import Any
 from orchestrator.config import RunConfig
 from orchestrator.control.cluster import devices
 from orchestrator.control.errors import StartupError
+from orchestrator.control.task_setup import run_task
 
 __all__ = [
     "ActorBudget",
@@ -204,22 +204,22 @@ def role_resources(config: RunConfig, role: str) -> dict[str, float]:
 
 
 def task_for(config: RunConfig):
-    """The verifiable task of the run, seeded by the run's seed."""
-    from actors.task import AdditionTask
-
-    return AdditionTask(seed=config.seed)
+    """The engines' task of the run (:mod:`orchestrator.control.task_setup`): the built-in
+    addition task seeded by the run's seed, or the data set's tokenizer and reward."""
+    return run_task(config).engine_task
 
 
 def policy_config(config: RunConfig):
     """The policy sizes every cell and engine of the run share (LoRA adapters, of the run's
-    ``lora_rank`` and ``lora_alpha``, only with the ``lora`` transport)."""
+    ``lora_rank`` and ``lora_alpha``, only with the ``lora`` transport): the task's
+    vocabulary, and a context that holds its longest prompt plus ``max_response_len``."""
     from actors.policies.policy import PolicyConfig
-    from actors.task import TOKENIZER
 
+    task = run_task(config)
+    sizes = {"vocab_size": task.vocab_size, "max_sequence_length": task.max_sequence_length}
     if config.transport != "lora":
-        return PolicyConfig(vocab_size=TOKENIZER.vocab_size)
-    return PolicyConfig(vocab_size=TOKENIZER.vocab_size, lora_rank=config.lora_rank,
-                        lora_alpha=config.lora_alpha)
+        return PolicyConfig(**sizes)
+    return PolicyConfig(**sizes, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
 
 
 def create_engine(config: RunConfig, engine_id: str):
@@ -292,7 +292,7 @@ def create_rollout_manager(config: RunConfig, ledger_url: str, run_id: str,
     from orchestrator.control.engines.engine_pool import RayEnginePool
     from orchestrator.rollout.manager import RolloutManager
 
-    make_prompt = functools.partial(_make_prompt, config.seed)
+    make_prompt = run_task(config).make_prompt
     driver_node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(),
                                                  soft=True)
     options = {"num_cpus": MANAGER_CPUS,

@@ -101,12 +101,20 @@ class DataBuffer:
         """Return the next prompt to generate and its recycle count; it is now IN_FLIGHT.
 
         Pending (recycled or returned) prompts come first, oldest first; then a fresh prompt
-        from ``source``.
+        from ``source``. A prompt with a ``drop_reason`` (``too_long``) is settled as dropped
+        under it and the next one is taken: it is never generated. (A source must yield a
+        prompt without a drop reason eventually; the data-set loader refuses data where none
+        fits.)
 
         Raises:
             Whatever ``source.next()`` raises; nothing changes in that case.
         """
-        return self._prompts.take(source)
+        while True:
+            prompt, recycle_count = self._prompts.take(source)
+            if prompt.drop_reason is None:
+                return prompt, recycle_count
+            self._prompts.drop(prompt.index, PromptState.IN_FLIGHT, prompt.drop_reason)
+            self._metrics.dropped(prompt.drop_reason)
 
     def return_prompt(self, prompt_index: int) -> None:
         """Put an IN_FLIGHT prompt back at the front of the pending queue, recycle count unchanged.

@@ -4,6 +4,7 @@ A pure decision over a group and the current weight version; the data buffer car
 In order, a group is::
 
     aborted (a sample came back ABORTED)      -> recycle (retry) or drop "aborted" (drop)
+    the reward function raised on it          -> drop "reward_error" (never scored as 0)
     unversioned (a sample was never stamped)  -> recycle, whatever the handler: a bug upstream
     negative staleness (oldest > current)     -> recycle (retry) or drop "negative_staleness"
     stale (current - oldest > max staleness)  -> recycle (retry) or drop "stale" (drop)
@@ -69,6 +70,7 @@ class Rejection(str, enum.Enum):
     NEGATIVE_STALENESS = "negative_staleness"
     STALE = "stale"
     PARTIAL_SPAN = "partial_span"
+    REWARD_ERROR = "reward_error"
     FILTERED = "filtered"  # by the dynamic filter; the drop reason is the filter's own
 
 
@@ -137,6 +139,10 @@ class StalenessFilter:
         """
         if group.aborted:
             return self._unused(Rejection.ABORTED)
+        if any(sample.reward_error for sample in group.samples):
+            # Regenerating would call the same failing function: drop, whatever the handler.
+            return Verdict(Action.DROP, rejection=Rejection.REWARD_ERROR,
+                           reason=Rejection.REWARD_ERROR.value)
         oldest = group.oldest_weight_version
         if oldest is None:
             logger.error(

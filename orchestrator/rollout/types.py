@@ -63,12 +63,18 @@ class Prompt:
     """One prompt of the task: its position in the prompt source, tokens and expected answer.
 
     ``index`` is the prompt's position in its seeded source, so a prompt can be regenerated
-    from it and a saved source position names exactly which prompts were handed out.
+    from it and a saved source position names exactly which prompts were handed out. ``text``
+    (the prompt as the model reads it) and ``metadata`` (the data row's) go to the reward.
+    A prompt with a ``drop_reason`` (``too_long``) is settled as dropped when it is taken,
+    never generated: it still takes its place in the stream, so every row is accounted for.
     """
 
     index: int
     tokens: tuple[int, ...]
     label: str = ""
+    text: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict, compare=False)
+    drop_reason: str | None = None
 
 
 @dataclass
@@ -94,6 +100,7 @@ class Sample:
     recycle_count: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
     token_versions: list[int] = field(default_factory=list)
+    reward_error: str | None = None  # the reward function raised: the group is dropped
 
     def __post_init__(self) -> None:
         self.status = SampleStatus(self.status)

@@ -42,6 +42,9 @@ def resolve_model(config: RunConfig, run_dir: Path) -> RunConfig:
     from actors.policies.policy import PolicyError
     from actors.task import TOKENIZER
 
+    if config.prompt_data:
+        # A data-set task reads the model's own tokenizer (RunConfig requires --model).
+        return config.model_copy(update={"model": str(Path(config.model).resolve())})
     try:
         if config.model is None:
             model_dir = ensure_task_model(run_dir / MODEL_DIR_NAME, TOKENIZER.symbols,
@@ -75,14 +78,14 @@ def create_vllm_engine(config: RunConfig, engine_id: str, num_cpus: float,
     ``num_gpus``)."""
     import ray
 
-    from actors.task import AdditionTask
     from actors.engines.vllm_engine import VLLM_ENGINE_ACTOR_OPTIONS, VLLMEngine
+    from orchestrator.control.task_setup import run_task
 
     options = {**VLLM_ENGINE_ACTOR_OPTIONS, "num_cpus": num_cpus, **actor_options}
     sampling = {"temperature": config.temperature, "top_p": config.top_p,
                 "max_new_tokens": config.max_response_len}
     return ray.remote(**options)(VLLMEngine).remote(
-        engine_id, llama_policy(config), seed=config.seed, task=AdditionTask(seed=config.seed),
+        engine_id, llama_policy(config), seed=config.seed, task=run_task(config).engine_task,
         sampling=sampling, partial_rollout=config.partial_rollout,
         device=devices.actor_device(config, "engine"),
         dtype=devices.actor_dtype(config, "engine"),

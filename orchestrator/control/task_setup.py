@@ -1,0 +1,186 @@
+"""The run's task, built once from its config: the seam between "your data, your reward" and
+the built-in addition task.
+
+:func:`run_task` returns a :class:`RunTask`: the engines' task (tokenizer + reward), the rollout
+manager's prompt factory, the policy's vocabulary and context, and (data-set tasks) the data
+set's identity. With no ``prompt_data`` it is the built-in :class:`~actors.task.AdditionTask`,
+exactly as before (nothing is loaded). With ``prompt_data`` it loads and checks every row,
+loads the tokenizer and the reward function, and renders every prompt once, so every bad input
+(missing file, bad row, no tokenizer, a chat template that fails, an unimportable reward) is
+a :class:`StartupError`, one line, before the ledger is touched.
+
+Cached per process on the fields it depends on: ``launch.create_*`` calls it for every actor.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import RunConfig
+from orchestrator.control.errors import StartupError, SupervisionLimitError
+
+__all__ = [
+    "REWARD_ERROR",
+    "RewardErrorLimitError",
+    "RunTask",
+    "check_dataset_identity",
+    "check_reward_errors",
+    "prepare",
+    "run_task",
+    "started_config",
+]
+
+REWARD_ERROR = "reward_error"  # the rollout screen's drop reason (Rejection.REWARD_ERROR)
+
+_BUILTIN_CONTEXT = 16  # the built-in policy's context: "3+4=" and a few answer tokens
+
+
+@dataclass(frozen=True)
+class RunTask:
+    """What the actors of a run need to know about its task."""
+
+    engine_task: Any  # AdditionTask or DatasetTask: tokenizer + score_group
+    make_prompt: Any  # index -> Prompt (picklable)
+    vocab_size: int
+    max_sequence_length: int
+    dataset: dict[str, Any] | None = None  # DatasetIdentity.to_json(), data-set tasks only
+
+
+def run_task(config: RunConfig) -> RunTask:
+    """The run's task (cached on the task's fields).
+
+    Raises:
+        StartupError: the prompt data, tokenizer, template or reward cannot be used (one line).
+    """
+    key = (tuple(config.prompt_data), config.input_key, config.label_key, config.metadata_key,
+           config.apply_chat_template, config.apply_chat_template_kwargs, config.rollout_shuffle,
+           config.max_prompt_len, config.tokenizer or config.model, config.rm_type,
+           config.custom_rm_path, config.seed, config.max_response_len)
+    if key not in _CACHE:
+        _CACHE.clear()  # one run per process at a time: keep the newest only
+        _CACHE[key] = _build_task(config)
+    return _CACHE[key]
+
+
+_CACHE: dict[tuple, RunTask] = {}
+
+
+def _build_task(config: RunConfig) -> RunTask:
+    if not config.prompt_data:
+        from actors.task import TOKENIZER, AdditionTask
+
+        return RunTask(AdditionTask(seed=config.seed),
+                       functools.partial(_addition_prompt, config.seed),
+                       TOKENIZER.vocab_size, _BUILTIN_CONTEXT)
+    return _dataset_task(config)
+
+
+def _addition_prompt(seed: int, index: int):
+    from actors.task import AdditionTask
+
+    return AdditionTask(seed=seed).make_prompt(index)
+
+
+def _dataset_task(config: RunConfig) -> RunTask:
+    from actors.dataset_task import DatasetTask
+    from actors.rewards import RewardLoadError, reward_function
+    from orchestrator.rollout.data.prompt_files import PromptDataError, load_prompt_rows
+    from orchestrator.rollout.data.prompt_stream import DatasetPrompts
+    from orchestrator.rollout.data.tokenizer import HFTokenizer, TokenizerError
+
+    directory = config.tokenizer or config.model
+    assert directory is not None  # RunConfig refuses prompt_data without either
+    try:
+        rows, identity = load_prompt_rows(config.prompt_data, config.input_key,
+                                          config.label_key, config.metadata_key)
+        # Absolute: the actors load it too, and a worker's directory is not the driver's.
+        tokenizer = HFTokenizer(Path(directory).resolve()).check()
+        prompts = DatasetPrompts(
+            rows, identity, tokenizer, seed=config.seed, shuffle=config.rollout_shuffle,
+            apply_chat_template=config.apply_chat_template,
+            template_kwargs=config.template_kwargs, max_prompt_len=config.max_prompt_len)
+        longest = prompts.longest_kept_prompt()
+        kept = sum(1 for row in range(len(rows)) if config.max_prompt_len is None
+                   or prompts.prompt_length(row) <= config.max_prompt_len)
+        if kept == 0:
+            raise PromptDataError(f"max_prompt_len: every one of the {len(rows)} prompts is "
+                                  f"longer than {config.max_prompt_len} tokens")
+        reward = reward_function(config.rm_type, config.custom_rm_path)
+    except (PromptDataError, TokenizerError, RewardLoadError) as exc:
+        raise StartupError(str(exc)) from None
+    return RunTask(DatasetTask(tokenizer, reward), prompts.make_prompt, tokenizer.vocab_size,
+                   longest + config.max_response_len, identity.to_json())
+
+
+def check_dataset_identity(ledger: Any, run_id: str, config: RunConfig) -> None:
+    """Refuse to resume on other data than the run started with (or another seed/shuffle),
+    as its ``run_started`` config records them; writes nothing. A run started without
+    ``prompt_data`` may only resume without it.
+
+    Raises:
+        StartupError: the data set's digest, files' rows, seed or shuffle differ (one line).
+        LedgerError: the ledger cannot be read.
+    """
+    recorded = next(ledger.events(run_id, 1, 1)).payload.get("config", {})
+    task = run_task(config)
+    before = recorded.get("dataset")
+    if before is None and task.dataset is None:
+        return
+    if before is None or task.dataset is None:
+        raise StartupError("refusing to resume: the run started "
+                           + ("without" if before is None else "with") + " --prompt-data")
+    for name in ("digest", "rows"):
+        if before.get(name) != task.dataset[name]:
+            raise StartupError(f"refusing to resume: the prompt data differ from the run's "
+                               f"({name} {task.dataset[name]} != recorded {before.get(name)})")
+    for name in ("seed", "rollout_shuffle"):
+        if recorded.get(name) != getattr(config, name):
+            raise StartupError(f"refusing to resume: {name} {getattr(config, name)} != the "
+                               f"run's {recorded.get(name)} (the prompt order would change)")
+
+
+class RewardErrorLimitError(SupervisionLimitError):
+    """More than ``reward_error_limit`` of a step's groups were dropped as ``reward_error``:
+    the reward function is broken, the run ends (``run_failed``, one line, exit 1)."""
+
+
+def prepare(config: RunConfig) -> RunConfig:
+    """Check the task before anything is written; with ``num_epoch``, the config with
+    ``num_rollout = num_epoch * rows // rollout_batch_size`` (at least 1), as miles sets it.
+
+    Raises:
+        StartupError: see :func:`run_task`.
+    """
+    task = run_task(config)
+    if config.num_epoch is None or task.dataset is None:
+        return config
+    steps = max(1, config.num_epoch * task.dataset["total_rows"] // config.rollout_batch_size)
+    return config.model_copy(update={"num_rollout": steps})
+
+
+def started_config(config: RunConfig) -> dict[str, Any]:
+    """The config ``run_started`` records: every option, plus ``dataset`` (files, rows per
+    file, total rows, content digest) for a data-set task."""
+    dataset = run_task(config).dataset
+    return {**config.model_dump(mode="json"), **({"dataset": dataset} if dataset else {})}
+
+
+def check_reward_errors(batch_trained: Any, config: RunConfig) -> None:
+    """End the run when the step's ``reward_error`` drops exceed the limit.
+
+    ``batch_trained`` is the step's recorded event: its ``prompts.dropped`` are the drops it
+    settled. Raises nothing for the built-in task (its reward does not raise).
+
+    Raises:
+        RewardErrorLimitError: more than ``reward_error_limit * rollout_batch_size`` groups.
+    """
+    errors = len(batch_trained.payload["prompts"]["dropped"].get(REWARD_ERROR, []))
+    if errors and errors > config.reward_error_limit * config.rollout_batch_size:
+        raise RewardErrorLimitError(
+            f"step {batch_trained.payload['train_step']}: {errors} groups dropped as "
+            f"reward_error (limit {config.reward_error_limit:g} of {config.rollout_batch_size}); "
+            f"the reward function {config.custom_rm_path or config.rm_type} raises (see the "
+            "engines' log)")
