@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from ledger.events import GENESIS_HASH, Event, EventKind
 from ledger.provenance import BatchView, PromptLedger, Provenance
@@ -109,6 +110,7 @@ class RunState:
     outcome: str | None = None  # "finished" or "failed" once a terminal event is folded
     failure_reason: str | None = None
     provenance: Provenance = field(default_factory=Provenance)
+    config: dict[str, Any] = field(default_factory=dict)  # run_started's (dataset included)
 
     @property
     def batches(self) -> dict[int, BatchView]:
@@ -152,6 +154,8 @@ class RunState:
         kind = event.kind
         if kind == EventKind.RUN_STARTED:
             self.started_at = event.recorded_at
+            config = event.payload.get("config")
+            self.config = config if isinstance(config, dict) else {}
         elif kind == EventKind.RUN_RESUMED:
             self.resumes += 1
             self.provenance.apply(event)

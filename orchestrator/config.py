@@ -191,11 +191,11 @@ class RunConfig(DeviceOptions):
                     "null in --config turns it off",
     )
 
-    # Task: prompt data and reward (miles' names). Unset prompt_data: the built-in addition task.
+    # Task: prompt data and reward (miles' names). Unset prompt_data: the addition task.
     prompt_data: list[str] = Field(
         default=[],
-        description="JSONL or Parquet file(s) of prompts, repeatable, local only (default: the "
-                    "built-in addition task); needs --tokenizer or --model",
+        description="JSONL or Parquet file(s) of prompts, repeatable, local only (default: the addition "
+                    "task); needs --tokenizer or --model",
     )
     input_key: str = Field(
         default="prompt",
@@ -236,8 +236,8 @@ class RunConfig(DeviceOptions):
     )
     rm_type: Literal["exact", "math", "boxed"] = Field(
         default="math",
-        description="built-in reward of --prompt-data: exact (normalised string match), math "
-                    "(math-verify), boxed (the last \\boxed{} answer, matched with math-verify)",
+        description="reward of --prompt-data: exact (normalised string match), math (the "
+                    "math_verify package), boxed (the boxed answer, matched with math_verify)",
     )
     custom_rm_path: str | None = Field(
         default=None,
@@ -256,7 +256,7 @@ class RunConfig(DeviceOptions):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
     max_response_len: int = Field(
         default=3, ge=1,
-        description="new tokens per response (miles: --rollout-max-response-len); a response "
+        description="new tokens per response; a response "
                     "that reaches it without EOS is truncated (counted, earns the reward of its "
                     "text so far)",
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ledger.cli.args import QueryError
+from ledger.epochs import dataset_rows, epoch_account
 from ledger.projections import RunState
 from ledger.provenance import BatchView
 
@@ -153,4 +154,14 @@ def prompt_account(state: RunState) -> dict[str, Any]:
         "last_step_seq": last.seq if last else None,
         "balanced": prompts.issued == trained + dropped_total + len(in_flight),
         "outcome": state.outcome,
+        **_epochs(state),
     }
+
+
+def _epochs(state: RunState) -> dict[str, Any]:
+    """A data-set run's per-epoch account (``epochs``); nothing for the built-in task."""
+    rows = dataset_rows(state.config)
+    if rows is None:
+        return {}
+    return {"dataset": state.config["dataset"],
+            "epochs": [epoch.to_json() for epoch in epoch_account(state.prompts, rows)]}

@@ -110,3 +110,20 @@ def print_prompts(answer: dict[str, Any], output: str, out: TextIO) -> None:
         "NOT BALANCED (run `ledger verify`)", "!=")
     out.write(f"{verdict}: issued {answer['issued']} {sign} trained {answer['trained']} + "
               f"dropped {answer['dropped_total']} + in flight {answer['in_flight']}\n")
+    if "epochs" in answer:
+        _print_epochs(answer, out)
+
+
+def _print_epochs(answer: dict[str, Any], out: TextIO) -> None:
+    """A data-set run: one line per epoch (rows trained, dropped by reason, in flight)."""
+    dataset = answer["dataset"]
+    out.write(f"data set: {dataset['total_rows']} rows in {len(dataset['files'])} file(s), "
+              f"{dataset['digest'][:19]}...\n")
+    out.write("epoch  rows  trained  dropped          in flight  not issued  check\n")
+    for epoch in answer["epochs"]:
+        dropped = ", ".join(f"{reason} {n}" for reason, n in epoch["dropped"].items()) or "0"
+        check = "each row once" if epoch["balanced"] else (
+            f"NOT BALANCED ({epoch['trained_twice']} trained twice)")
+        out.write(f"{epoch['epoch']:<5}  {epoch['rows']:<4}  {epoch['trained']:<7}  "
+                  f"{dropped:<15}  {epoch['in_flight']:<9}  {epoch['not_issued']:<10}  "
+                  f"{check}\n")

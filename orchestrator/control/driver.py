@@ -347,7 +347,7 @@ class TrainingJob:
         the prompts it settled); from then on its prompts are on record as trained."""
         dropped_prompts, next_index = self.supervisor.call_manager(
             lambda manager: manager.provenance_snapshot.remote())
-        event = self.provenance.record(
+        self.provenance.record(
             step + 1, batch, trainer_version=trainer_version,
             produced_version=produced_version, cells=self.supervisor.cells.alive_ids(),
             drain_version=int(batch.metrics.get(metric_key("weight_version"), trainer_version)),
@@ -355,7 +355,6 @@ class TrainingJob:
             recycled=int(batch.metrics.get(metric_key("recycled"), 0)),
         )
         self.supervisor.prompts_in_hand = set()
-        task_setup.check_reward_errors(event, self.config)
 
     def record(self, step: int, batch: RolloutFnTrainOutput, train: dict[str, float],
                version: int | None, step_started: float, timings: dict[str, float]
@@ -442,7 +441,8 @@ class _BatchStream:
         manager, pending = self._pending.pop(step, (None, None))
         if manager is not self._job.supervisor.manager:  # replaced since: the new one
             manager, pending = self._request(step)  # regenerates those prompts; ask it
-        batch = self._job.supervisor.await_drain(lambda: self._request(step)[1], pending)
+        with task_setup.reward_errors_end_the_run():
+            batch = self._job.supervisor.await_drain(lambda: self._request(step)[1], pending)
         config = self._job.config
         if not config.sync and step + 1 < config.num_rollout:
             self._pending[step + 1] = self._request(step + 1)

@@ -15,6 +15,8 @@ Cached per process on the fields it depends on: ``launch.create_*`` calls it for
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,17 +25,16 @@ from orchestrator.config import RunConfig
 from orchestrator.control.errors import StartupError, SupervisionLimitError
 
 __all__ = [
-    "REWARD_ERROR",
     "RewardErrorLimitError",
     "RunTask",
     "check_dataset_identity",
-    "check_reward_errors",
+    "reward_errors_end_the_run",
     "prepare",
     "run_task",
     "started_config",
 ]
 
-REWARD_ERROR = "reward_error"  # the rollout screen's drop reason (Rejection.REWARD_ERROR)
+
 
 _BUILTIN_CONTEXT = 16  # the built-in policy's context: "3+4=" and a few answer tokens
 
@@ -168,19 +169,14 @@ def started_config(config: RunConfig) -> dict[str, Any]:
     return {**config.model_dump(mode="json"), **({"dataset": dataset} if dataset else {})}
 
 
-def check_reward_errors(batch_trained: Any, config: RunConfig) -> None:
-    """End the run when the step's ``reward_error`` drops exceed the limit.
+@contextmanager
+def reward_errors_end_the_run() -> Iterator[None]:
+    """Around a drain: the rollout manager's :class:`RewardErrorsExceededError` (raised
+    through Ray) becomes :class:`RewardErrorLimitError`, one line, which ends the run."""
+    from orchestrator.rollout.errors import RewardErrorsExceededError
 
-    ``batch_trained`` is the step's recorded event: its ``prompts.dropped`` are the drops it
-    settled. Raises nothing for the built-in task (its reward does not raise).
-
-    Raises:
-        RewardErrorLimitError: more than ``reward_error_limit * rollout_batch_size`` groups.
-    """
-    errors = len(batch_trained.payload["prompts"]["dropped"].get(REWARD_ERROR, []))
-    if errors and errors > config.reward_error_limit * config.rollout_batch_size:
-        raise RewardErrorLimitError(
-            f"step {batch_trained.payload['train_step']}: {errors} groups dropped as "
-            f"reward_error (limit {config.reward_error_limit:g} of {config.rollout_batch_size}); "
-            f"the reward function {config.custom_rm_path or config.rm_type} raises (see the "
-            "engines' log)")
+    try:
+        yield
+    except RewardErrorsExceededError as exc:  # Ray's RayTaskError is an instance of its cause
+        cause = getattr(exc, "cause", exc)
+        raise RewardErrorLimitError(str(cause)) from None

@@ -27,10 +27,12 @@ from typing import Any, Literal
 
 from orchestrator.rollout.admission import AdmissionLoad
 from orchestrator.rollout.data_source import PromptFactory, PromptSource
+from orchestrator.rollout.errors import RewardErrorsExceededError
 from orchestrator.rollout.prompt_tracker import STARVED, Accounting, PromptState, PromptTracker
 from orchestrator.rollout.staleness import (
     Action,
     DynamicFilter,
+    Rejection,
     StalenessFilter,
     Verdict,
     VersionProvider,
@@ -53,6 +55,8 @@ class DataBuffer:
             to groups that pass staleness.
         max_partial_span: largest accepted version span of a sample (partial rollout);
             None = off.
+        reward_error_budget: ``reward_error`` drops one step (one drain) tolerates; one more
+            makes :meth:`get` raise :class:`RewardErrorsExceededError`. None = no limit.
 
     Raises:
         ValueError: an option is out of range.
@@ -67,6 +71,7 @@ class DataBuffer:
         max_recycles: int = 3,
         dynamic_filter: DynamicFilter | None = None,
         max_partial_span: int | None = None,
+        reward_error_budget: int | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -80,6 +85,8 @@ class DataBuffer:
         self._claimed_staleness: dict[int, int] = {}  # CLAIMED prompt index -> staleness
         self._changed = asyncio.Condition()
         self._notifiers: set[asyncio.Task[None]] = set()
+        self._reward_error_budget = reward_error_budget
+        self._step_reward_errors = 0
 
     @classmethod
     def from_config(
@@ -93,6 +100,7 @@ class DataBuffer:
             max_recycles=config.max_recycles,
             dynamic_filter=dynamic_filter,
             max_partial_span=config.max_partial_span,
+            reward_error_budget=int(config.reward_error_limit * config.rollout_batch_size),
         )
 
     # ----------------------------------------------------------------- producer side
@@ -159,6 +167,8 @@ class DataBuffer:
         Raises:
             Whatever ``current_version`` raises (e.g. a ledger error); the group being
             screened stays buffered at the front.
+            RewardErrorsExceededError: this step's ``reward_error`` drops passed the budget
+                (the group is dropped first).
         """
         if callable(current_version):
             resolve: VersionProvider = current_version
@@ -179,6 +189,7 @@ class DataBuffer:
                     if self._carry_out(group, verdict):
                         return group
                     self._slot_freed()
+                    self._check_reward_errors(verdict)
 
     def commit(self, groups: list[Group]) -> None:
         """Mark CLAIMED groups as trained and record their staleness in the step metrics.
@@ -297,11 +308,22 @@ class DataBuffer:
         """Recycle count of every prompt that is not finished."""
         return self._prompts.recycle_counts()
 
+    def _check_reward_errors(self, verdict: Verdict) -> None:
+        if verdict.rejection is not Rejection.REWARD_ERROR:
+            return
+        self._step_reward_errors += 1
+        budget = self._reward_error_budget
+        if budget is not None and self._step_reward_errors > budget:
+            raise RewardErrorsExceededError(
+                f"{self._step_reward_errors} groups of one step dropped as reward_error (the "
+                f"limit allows {budget}): the reward function raises (see the engines' log)")
+
     def pop_step_metrics(self) -> dict[str, Any]:
         """This step's metrics (prefixed ``rollout/fully_async/``); resets the step counters.
 
         Staleness statistics cover the groups committed as trained since the last call.
         """
+        self._step_reward_errors = 0
         return self._metrics.pop(
             queue_size=len(self._queue),
             recycle_queue_size=self._prompts.pending_count,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 __all__ = [
     "ProducerDiedError",
+    "RewardErrorsExceededError",
     "RolloutVersionError",
     "VersionAheadOfLedgerError",
     "VersionLabelError",
@@ -77,3 +78,9 @@ class ProducerDiedError(RuntimeError):
 
     The message names the cause; buffered groups stay buffered (none is lost).
     """
+
+
+class RewardErrorsExceededError(RuntimeError):
+    """More groups of one step were dropped as ``reward_error`` than ``reward_error_limit``
+    allows: the reward function is broken. Raised by the drain; the run ends (``run_failed``).
+    Every drop is already settled in the prompt account."""

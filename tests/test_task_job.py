@@ -1,0 +1,121 @@
+"""A data-set task end to end: bad input refused before anything is written, every row of an
+epoch accounted for from the ledger, dataset identity on resume, a broken reward function."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ledger import EventKind, Ledger
+from ledger.cli.lineage_query import prompts as prompt_query
+from orchestrator.config import RunConfig
+from orchestrator.control.driver import JobOptions, run_job
+from orchestrator.control.errors import StartupError
+from orchestrator.control.task_setup import RewardErrorLimitError
+from tests.task_fixtures import addition_rows, make_tokenizer, write_jsonl, write_parquet
+from tests.test_orchestrator_cli import assert_one_line_error, run_cli
+
+ROWS = 24
+
+
+@pytest.fixture
+def task_files(tmp_path: Path) -> dict[str, Path]:
+    rows = addition_rows(ROWS)
+    rows[5]["prompt"] = "1+1+1+1+1+1+1+1+1=" * 2  # over --max-prompt-len: dropped as too_long
+    return {"data": write_jsonl(tmp_path / "train.jsonl", rows[:16]),
+            "more": write_parquet(tmp_path / "train.parquet", rows[16:]),
+            "tokenizer": make_tokenizer(tmp_path / "tokenizer")}
+
+
+def task_config(files: dict[str, Path], run_id: str, **overrides) -> RunConfig:
+    fields = dict(
+        run_id=run_id, prompt_data=[str(files["data"]), str(files["more"])],
+        tokenizer=str(files["tokenizer"]), max_prompt_len=12, rollout_shuffle=True,
+        custom_rm_path="tests.reward_fixtures.exact", num_epoch=2, rollout_batch_size=4,
+        n_samples_per_prompt=4, save_interval=3, heartbeat_timeout_s=5.0,
+    )
+    fields.update(overrides)
+    return RunConfig(**fields)
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--prompt-data", "{tmp}/missing.jsonl"], "no such file"),
+    (["--prompt-data", "{tmp}/bad.jsonl"], "bad.jsonl: row 2: no 'label'"),
+    (["--prompt-data", "{tmp}/train.jsonl", "--custom-rm-path", "no_such.module.f"],
+     "cannot import 'no_such.module'"),
+    (["--prompt-data", "{tmp}/train.jsonl", "--apply-chat-template-kwargs", "[1]"],
+     "must be a JSON object"),
+])
+def test_bad_task_input_is_one_line_exit_2_and_writes_nothing(
+        tmp_path: Path, task_files: dict[str, Path], capsys, extra: list[str], fragment: str):
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "1+1=", "label": "2"}\n{"prompt": "x"}\n')
+    runs = tmp_path / "runs"
+    argv = ["run", "--runs-dir", str(runs), "--run-id", "bad", "--no-progress",
+            "--tokenizer", str(task_files["tokenizer"]),
+            *[arg.replace("{tmp}", str(tmp_path)) for arg in extra]]
+
+    code, _, err = run_cli(argv, capsys)
+
+    assert_one_line_error(code, err, fragment)
+    assert not runs.exists()
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_every_row_of_each_epoch_is_trained_or_dropped_once_from_the_ledger(
+        tmp_path: Path, task_files: dict[str, Path]):
+    config = task_config(task_files, "epochs")
+
+    result = run_job(config, JobOptions(runs_dir=tmp_path / "runs", progress=False, plot=False))
+
+    assert result.ok, result.audit_problems
+    assert result.steps == 2 * ROWS // 4  # num_epoch * rows // rollout_batch_size
+    answer = prompt_query(result.ledger_url, "epochs")
+    assert answer["dataset"]["rows"] == [16, 8] and answer["dataset"]["total_rows"] == ROWS
+    first = answer["epochs"][0]
+    assert first["trained"] + sum(first["dropped"].values()) == ROWS, first
+    assert first["dropped"] == {"too_long": 1} and first["balanced"]
+    assert all(epoch["balanced"] and epoch["trained_twice"] == 0 for epoch in answer["epochs"])
+    with Ledger.open(result.ledger_url, readonly=True) as ledger:
+        started = next(ledger.events("epochs", 1, 1))
+    assert started.payload["config"]["dataset"]["digest"].startswith("sha256:")
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_resume_with_other_data_or_seed_is_refused_and_writes_nothing(
+        tmp_path: Path, task_files: dict[str, Path]):
+    runs = tmp_path / "runs"
+    options = JobOptions(runs_dir=runs, progress=False, plot=False)
+    first = run_job(task_config(task_files, "ident", num_epoch=None, num_rollout=4), options)
+    with Ledger.open(first.ledger_url, readonly=True) as ledger:
+        events_before = len(list(ledger.events("ident")))
+    other = write_jsonl(tmp_path / "other.jsonl", addition_rows(16, offset=1))
+    resume = JobOptions(runs_dir=runs, progress=False, plot=False, resume=True)
+
+    with pytest.raises(StartupError, match="prompt data differ"):
+        run_job(task_config(task_files, "ident", num_epoch=None, num_rollout=6,
+                            prompt_data=[str(other), str(task_files["more"])]), resume)
+    with pytest.raises(StartupError, match="seed 5 != the run's 1234"):
+        run_job(task_config(task_files, "ident", num_epoch=None, num_rollout=6, seed=5), resume)
+
+    with Ledger.open(first.ledger_url, readonly=True) as ledger:
+        assert len(list(ledger.events("ident"))) == events_before
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_reward_function_that_raises_drops_groups_and_ends_the_run_past_the_limit(
+        tmp_path: Path, task_files: dict[str, Path]):
+    config = task_config(task_files, "broken", custom_rm_path="tests.reward_fixtures.raises",
+                         num_epoch=None, num_rollout=3, reward_error_limit=0.0)
+    options = JobOptions(runs_dir=tmp_path / "runs", progress=False, plot=False)
+
+    with pytest.raises(RewardErrorLimitError, match="reward_error"):
+        run_job(config, options)
+
+    with Ledger.open(f"sqlite:///{tmp_path / 'runs' / 'broken' / 'ledger.db'}",
+                     readonly=True) as ledger:
+        events = list(ledger.events("broken"))
+    failed = [e for e in events if e.kind == EventKind.RUN_FAILED]
+    assert len(failed) == 1 and "reward_error" in failed[0].payload["reason"]
+    batches = [e for e in events if e.kind == EventKind.BATCH_TRAINED]
+    assert batches and batches[-1].payload["prompts"]["dropped"].get("reward_error")
