@@ -30,3 +30,10 @@ def raises(prompt, response, label, metadata):
 
 def not_a_number(prompt, response, label, metadata):
     return "1.0"
+
+
+def raises_on_three(prompt, response, label, metadata):
+    """Raises for every prompt whose answer is 3 (some groups of each step), else exact."""
+    if label == "3":
+        raise ValueError("cannot score a 3")
+    return 1.0 if response.strip() == label else 0.0

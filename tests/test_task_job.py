@@ -103,13 +103,34 @@ def test_a_resume_with_other_data_or_seed_is_refused_and_writes_nothing(
 
 
 @pytest.mark.usefixtures("ray_cluster")
-def test_a_reward_function_that_raises_drops_groups_and_ends_the_run_past_the_limit(
+def test_groups_whose_reward_raises_are_dropped_as_reward_error_and_recorded(
+        tmp_path: Path, task_files: dict[str, Path]):
+    config = task_config(task_files, "partly", num_epoch=1, reward_error_limit=1.0,
+                         custom_rm_path="tests.reward_fixtures.raises_on_three")
+
+    result = run_job(config, JobOptions(runs_dir=tmp_path / "runs", progress=False, plot=False))
+
+    answer = prompt_query(result.ledger_url, "partly")
+    threes = sum(1 for row in addition_rows(ROWS) if row["label"] == "3")
+    settled = answer["epochs"][0]
+    # Rows whose answer is 3 were scored by a function that raised: dropped, never trained.
+    assert settled["dropped"].get("reward_error", 0) + settled["in_flight"] >= threes - 1, settled
+    assert settled["dropped"].get("reward_error", 0) >= 1
+    with Ledger.open(result.ledger_url, readonly=True) as ledger:
+        batches = [e for e in ledger.events("partly") if e.kind == EventKind.BATCH_TRAINED]
+    recorded = [i for b in batches for i in b.payload["prompts"]["dropped"].get("reward_error", [])]
+    assert len(recorded) == settled["dropped"]["reward_error"]
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_reward_function_that_always_raises_ends_the_run_past_the_limit(
         tmp_path: Path, task_files: dict[str, Path]):
     config = task_config(task_files, "broken", custom_rm_path="tests.reward_fixtures.raises",
-                         num_epoch=None, num_rollout=3, reward_error_limit=0.0)
+                         num_epoch=None, num_rollout=3, reward_error_limit=0.25)
     options = JobOptions(runs_dir=tmp_path / "runs", progress=False, plot=False)
 
-    with pytest.raises(RewardErrorLimitError, match="reward_error"):
+    with pytest.raises(RewardErrorLimitError, match="2 groups of one step dropped as "
+                                                    "reward_error .the limit allows 1."):
         run_job(config, options)
 
     with Ledger.open(f"sqlite:///{tmp_path / 'runs' / 'broken' / 'ledger.db'}",
@@ -117,5 +138,4 @@ def test_a_reward_function_that_raises_drops_groups_and_ends_the_run_past_the_li
         events = list(ledger.events("broken"))
     failed = [e for e in events if e.kind == EventKind.RUN_FAILED]
     assert len(failed) == 1 and "reward_error" in failed[0].payload["reason"]
-    batches = [e for e in events if e.kind == EventKind.BATCH_TRAINED]
-    assert batches and batches[-1].payload["prompts"]["dropped"].get("reward_error")
+    assert not [e for e in events if e.kind == EventKind.WEIGHT_COMMITTED]  # never trained
