@@ -1,0 +1,109 @@
+"""The whole job crashes mid-epoch on a data set: the `orchestrator run` process is SIGKILLed,
+a second process resumes it, and the ledger alone shows every row of the epoch trained exactly
+once (none skipped, none twice) and the crash's in-flight rows trained after the resume, on
+SQLite and on PostgreSQL.
+
+Fault schedule (declared up front; the test asserts it fired): SIGKILL the driver's process
+group once the ledger holds ``KILL_AFTER_STEPS`` recorded steps and a checkpoint, which is
+mid-epoch (``KILL_AFTER_STEPS * BATCH < ROWS``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ledger import EventKind, Ledger, LedgerError
+from ledger.cli.lineage_query import prompts as prompt_query
+from ledger.run_layout import default_ledger_url
+from orchestrator.control.provenance import prompt_ledger
+from tests.task_fixtures import addition_rows, make_tokenizer, write_jsonl
+
+RUN = "crash-data"
+ROWS = 40
+BATCH = 4
+STEPS = 16  # 64 positions: epoch 0 (rows 0-39) and most of epoch 1
+KILL_AFTER_STEPS = 5  # 20 rows trained: mid-epoch 0
+
+
+def _orchestrator(runs_dir: Path, files: dict[str, Path], db: str | None,
+                  *args: str) -> subprocess.Popen:
+    env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1"}
+    flags = ["--num-rollout", str(STEPS), "--rollout-batch-size", str(BATCH),
+             "--n-samples-per-prompt", "4", "--save-interval", "2", "--no-progress",
+             "--run-id", RUN, "--prompt-data", str(files["data"]), "--tokenizer",
+             str(files["tokenizer"]), "--rollout-shuffle", "--apply-chat-template",
+             "--custom-rm-path", "tests.reward_fixtures.exact", *(["--db", db] if db else [])]
+    return subprocess.Popen(
+        [sys.executable, "-c", "from orchestrator.cli import main; main()", "run",
+         "--runs-dir", str(runs_dir), *flags, *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+
+
+def _recorded(url: str) -> tuple[int, int]:
+    try:
+        with Ledger.open(url, readonly=True, retry_seconds=0) as ledger:
+            kinds = [event.kind for event in ledger.events(RUN)]
+    except LedgerError:
+        return 0, 0
+    return kinds.count(EventKind.BATCH_TRAINED), kinds.count(EventKind.CHECKPOINT_SAVED)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_crash_mid_epoch_then_resume_trains_every_row_of_the_epoch_exactly_once(
+        tmp_path: Path, request, backend: str):
+    db = request.getfixturevalue("pg_url") if backend == "postgresql" else None
+    url = db or default_ledger_url(tmp_path / RUN)
+    files = {"data": write_jsonl(tmp_path / "train.jsonl", addition_rows(ROWS)),
+             "tokenizer": make_tokenizer(tmp_path / "tokenizer")}
+    first = _orchestrator(tmp_path, files, db)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and first.poll() is None:
+        trained, checkpoints = _recorded(url)
+        if trained >= KILL_AFTER_STEPS and checkpoints >= 1:
+            break
+        time.sleep(0.1)
+    assert first.poll() is None, first.communicate()[0][-3000:]
+    os.killpg(first.pid, signal.SIGKILL)  # the whole job: driver and whatever it started
+    first.wait(timeout=60)
+    assert first.returncode == -signal.SIGKILL  # the fault fired
+    with Ledger.open(url, readonly=True) as ledger:
+        crashed = prompt_ledger(ledger.events(RUN))
+    assert len(crashed.trained) < ROWS, "the crash was not mid-epoch"
+
+    second = _orchestrator(tmp_path, files, db, "--resume")
+    output, _ = second.communicate(timeout=600)
+    assert second.returncode == 0, output[-3000:]
+
+    with Ledger.open(url, readonly=True) as ledger:
+        events = list(ledger.events(RUN))
+        report = ledger.verify(RUN)
+    assert report.ok, report.problems
+    resumed = next(e for e in events if e.kind == EventKind.RUN_RESUMED)
+    first_after = next(e for e in events if e.kind == EventKind.WEIGHT_COMMITTED
+                       and e.seq > resumed.seq)
+    assert first_after.version == resumed.payload["head_version"] + 1
+    assert resumed.payload["next_prompt_index"] == crashed.next_index
+    # From the ledger alone: epoch 0's 40 rows each trained once, none skipped.
+    prompts = prompt_ledger(events)
+    assert prompts.twice == []
+    epoch_zero = set(range(ROWS))
+    assert epoch_zero <= set(prompts.trained), sorted(epoch_zero - set(prompts.trained))
+    answer = prompt_query(url, RUN)
+    assert answer["epochs"][0] == {"epoch": 0, "rows": ROWS, "trained": ROWS, "dropped": {},
+                                   "in_flight": 0, "not_issued": 0, "trained_twice": 0,
+                                   "balanced": True}
+    assert all(epoch["balanced"] for epoch in answer["epochs"])
+    # What was in flight at the crash was trained after the resume.
+    assert crashed.in_flight
+    after = {index for index, step in prompts.trained.items() if step > crashed.last_step}
+    assert set(crashed.in_flight) <= after
