@@ -26,7 +26,7 @@ from ledger.run_layout import (
 )
 
 from orchestrator.rollout.staleness import Rejection, Verdict
-from orchestrator.rollout.types import Group, Sample
+from orchestrator.rollout.types import Group, Sample, SampleStatus
 
 __all__ = ["StepMetrics"]
 
@@ -44,6 +44,7 @@ class _StepCounts:
     tokens_trained: int = 0
     tokens_kept: int = 0
     tokens_discarded: int = 0
+    truncated: int = 0  # trained samples that reached max_response_len without EOS
     recycled: int = 0
     starved: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
@@ -107,6 +108,7 @@ class StepMetrics:
             step.mixed_samples += span > 0
             step.span_max = max(step.span_max, span)
             step.tokens_trained += len(sample.response_tokens)
+            step.truncated += sample.status is SampleStatus.TRUNCATED
             step.tokens_kept += _tokens_before_newest(sample)
 
     def pop(self, *, queue_size: int, recycle_queue_size: int, in_flight: int) -> dict[str, Any]:
@@ -131,6 +133,7 @@ class StepMetrics:
             ),
             metric_key("version_span_max"): step.span_max,
             metric_key("tokens_trained"): step.tokens_trained,
+            metric_key("truncated_samples"): step.truncated,
             metric_key("tokens_kept_across_updates"): step.tokens_kept,
             metric_key("tokens_discarded"): step.tokens_discarded,
             metric_key("recycled"): step.recycled,
