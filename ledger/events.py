@@ -48,6 +48,7 @@ class EventKind(str, enum.Enum):
     ENGINES_STAMPED = "engines_stamped"
     CHECKPOINT_SAVED = "checkpoint_saved"
     BATCH_TRAINED = "batch_trained"
+    EVAL_FINISHED = "eval_finished"
     DRILL_STARTED = "drill_started"
     FAULT_INJECTED = "fault_injected"
     DRILL_VERDICT = "drill_verdict"
@@ -174,6 +175,18 @@ class BatchTrained(_Payload):
     prompts: PromptOutcomes
 
 
+class EvalFinished(_Payload):
+    """One eval set scored on one committed version (driver-recorded, not fenced)."""
+
+    name: str = Field(min_length=1)
+    version: int = Field(ge=0)
+    train_step: int = Field(ge=0)
+    digest: str
+    prompts: int = Field(ge=0)
+    samples_per_prompt: int = Field(ge=1)
+    metrics: dict[str, float]
+
+
 class DrillEvent(_Payload):
     scenario: str
 
@@ -191,6 +204,7 @@ _PAYLOAD_MODELS: dict[EventKind, type[_Payload]] = {
     EventKind.ENGINES_STAMPED: EnginesStamped,
     EventKind.CHECKPOINT_SAVED: CheckpointSaved,
     EventKind.BATCH_TRAINED: BatchTrained,
+    EventKind.EVAL_FINISHED: EvalFinished,
     EventKind.DRILL_STARTED: DrillEvent,
     EventKind.FAULT_INJECTED: DrillEvent,
     EventKind.DRILL_VERDICT: DrillEvent,

@@ -111,6 +111,7 @@ class RunState:
     failure_reason: str | None = None
     provenance: Provenance = field(default_factory=Provenance)
     config: dict[str, Any] = field(default_factory=dict)  # run_started's (dataset included)
+    evals: list[Event] = field(default_factory=list)  # eval_finished, seq order
 
     @property
     def batches(self) -> dict[int, BatchView]:
@@ -200,6 +201,8 @@ class RunState:
                 engine.last_seq = event.seq
         elif kind == EventKind.CHECKPOINT_SAVED:
             self.checkpoints.append(event)
+        elif kind == EventKind.EVAL_FINISHED:
+            self.evals.append(event)
         elif kind == EventKind.RUN_FINISHED:
             self.outcome = "finished"
         elif kind == EventKind.RUN_FAILED:

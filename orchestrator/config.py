@@ -251,6 +251,19 @@ class RunConfig(DeviceOptions):
                     "were dropped as reward_error (a reward function that raised)",
     )
 
+    # Evaluation (miles' names): between train steps, on the engines, outside the rollout.
+    eval_prompt_data: list[str] = Field(
+        default=[],
+        description="eval sets as NAME PATH pairs (repeat the flag: --eval-prompt-data test "
+                    "--eval-prompt-data test.parquet), read like --prompt-data",
+    )
+    eval_interval: int | None = Field(
+        default=None, ge=1, description="evaluate every N steps (and after the last one)",
+    )
+    n_samples_per_eval_prompt: int = Field(
+        default=1, ge=1, description="samples per eval prompt (pass@k is over these k)",
+    )
+
     # Sampling.
     temperature: float = Field(default=1.0, gt=0.0, description="sampling temperature")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
@@ -340,6 +353,21 @@ class RunConfig(DeviceOptions):
             raise ValueError("model: --prompt-data with --engine vllm needs --model DIR (the "
                              "tiny model made for the addition task cannot read your data)")
         return self
+
+    @model_validator(mode="after")
+    def _check_eval(self) -> RunConfig:
+        if len(self.eval_prompt_data) % 2:
+            raise ValueError("eval_prompt_data: give NAME PATH pairs")
+        if self.eval_prompt_data and (not self.prompt_data or self.eval_interval is None):
+            raise ValueError("eval_prompt_data: needs --prompt-data (its tokenizer and "
+                             "reward) and --eval-interval")
+        return self
+
+    @property
+    def eval_sets(self) -> list[tuple[str, str]]:
+        """``eval_prompt_data`` as (name, path) pairs."""
+        data = self.eval_prompt_data
+        return list(zip(data[::2], data[1::2]))
 
     @model_validator(mode="after")
     def _check_topology(self) -> RunConfig:

@@ -139,3 +139,35 @@ def test_a_reward_function_that_always_raises_ends_the_run_past_the_limit(
     failed = [e for e in events if e.kind == EventKind.RUN_FAILED]
     assert len(failed) == 1 and "reward_error" in failed[0].payload["reason"]
     assert not [e for e in events if e.kind == EventKind.WEIGHT_COMMITTED]  # never trained
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_eval_sets_are_scored_between_steps_and_recorded_per_version(
+        tmp_path: Path, task_files: dict[str, Path]):
+    from typer.testing import CliRunner
+
+    from ledger.cli.app import app
+
+    held_out = write_parquet(tmp_path / "test.parquet", addition_rows(6, offset=7))
+    config = task_config(task_files, "evals", num_epoch=None, num_rollout=4, eval_interval=2,
+                         eval_prompt_data=["held", str(held_out)], n_samples_per_eval_prompt=3)
+
+    result = run_job(config, JobOptions(runs_dir=tmp_path / "runs", progress=False, plot=False))
+
+    assert result.ok, result.audit_problems
+    with Ledger.open(result.ledger_url, readonly=True) as ledger:
+        evals = [e for e in ledger.events("evals") if e.kind == EventKind.EVAL_FINISHED]
+        head = ledger.head("evals").version
+    assert [e.payload["train_step"] for e in evals] == [2, 4]
+    assert evals[-1].payload["version"] == head
+    assert evals[0].payload["prompts"] == 6 and evals[0].payload["samples_per_prompt"] == 3
+    assert set(evals[0].payload["metrics"]) == {"mean_reward", "pass@3", "reward_errors"}
+    # The rollout's prompt account is untouched by eval generation.
+    assert prompt_query(result.ledger_url, "evals")["epochs"][0]["balanced"]
+
+    listing = CliRunner().invoke(app, ["--db", result.ledger_url, "evals", "--run", "evals"])
+    lineage = CliRunner().invoke(app, ["--db", result.ledger_url, "lineage", str(head),
+                                       "--run", "evals"])
+    assert listing.exit_code == 0 and lineage.exit_code == 0, listing.output + lineage.output
+    assert listing.output.count("held") == 2 and "pass@3" in listing.output
+    assert "eval held: mean_reward" in lineage.output

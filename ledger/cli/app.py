@@ -229,6 +229,17 @@ def prompts(
 
 
 @app.command()
+def evals(
+    ctx: typer.Context, db: DbOption = None, run: RunOption = None,
+    output: OutputOption = Output.table,
+) -> None:
+    """Eval scores over versions (each eval_finished event: set, version, metrics)."""
+    with _errors():
+        answer = lineage_query.evals(*_target(ctx, db, run))
+    render_lineage.print_evals(answer, output.value, sys.stdout)
+
+
+@app.command()
 def verify(
     ctx: typer.Context,
     witness: Annotated[

@@ -60,8 +60,26 @@ def version_lineage(state: RunState, version: int) -> dict[str, Any]:
                for engine_id, seq in sorted(state.stamps.get(version, {}).items())]
     answer = {"version": version, "produced_by": produced_by, "trained_by": trained_by,
               "trained_samples": sum(row["samples"] for row in trained_by), "engines": engines}
+    scored = [row for row in eval_rows(state) if row["version"] == version]
+    if scored:  # only runs with --eval-prompt-data have the key
+        answer["evals"] = scored
     answer["summary"] = summary_line(answer)
     return answer
+
+
+def eval_rows(state: RunState) -> list[dict[str, Any]]:
+    """Every ``eval_finished`` event: set, version, step, digest, metrics (seq order)."""
+    rows = []
+    for event in state.evals:
+        payload = event.payload
+        if not isinstance(payload.get("metrics"), dict):
+            continue  # malformed: `ledger verify` reads payloads, not this listing
+        rows.append({"seq": event.seq, "name": payload.get("name"),
+                     "version": payload.get("version"), "train_step": payload.get("train_step"),
+                     "digest": payload.get("digest"), "prompts": payload.get("prompts"),
+                     "samples_per_prompt": payload.get("samples_per_prompt"),
+                     "metrics": payload["metrics"]})
+    return rows
 
 
 def summary_line(lineage: dict[str, Any]) -> str:

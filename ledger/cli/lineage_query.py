@@ -10,7 +10,7 @@ from ledger.cli import lineage as answers
 from ledger.cli.args import QueryError
 from ledger.cli.query import replay
 
-__all__ = ["lineage", "prompts"]
+__all__ = ["evals", "lineage", "prompts"]
 
 
 def lineage(url: str, run_id: str | None, version: int | None = None,
@@ -40,3 +40,13 @@ def prompts(url: str, run_id: str | None) -> dict[str, Any]:
     """
     header, state = replay(url, run_id)
     return {"header": header, **answers.prompt_account(state)}
+
+
+def evals(url: str, run_id: str | None) -> dict[str, Any]:
+    """Every ``eval_finished`` of the run: each eval set's scores over versions.
+
+    Raises:
+        QueryError: an unknown run.
+    """
+    header, state = replay(url, run_id)
+    return {"header": header, "evals": answers.eval_rows(state)}

@@ -55,6 +55,27 @@ def _print_version(answer: dict[str, Any], out: TextIO) -> None:
                           _text(row["of_samples"]), _text(row["produced_version"]),
                           _text(row["seq"]))
         _print_table(out, table)
+    for row in answer.get("evals", []):
+        metrics = ", ".join(f"{key} {value:.3f}" for key, value in row["metrics"].items())
+        out.write(f"eval {row['name']}: {metrics} (step {row['train_step']}, seq {row['seq']})\n")
+
+
+def print_evals(answer: dict[str, Any], output: str, out: TextIO) -> None:
+    """``ledger evals``: one row per eval set and version scored."""
+    if output == "json":
+        print_json(answer, out)
+        return
+    rows = answer["evals"]
+    if not rows:
+        out.write(f"run {answer['header']['run_id']}: no eval_finished events "
+                  "(run with --eval-prompt-data and --eval-interval)\n")
+        return
+    table = _table("SET", "VERSION", "STEP", "PROMPTS", "METRICS", "SEQ")
+    for row in rows:
+        metrics = ", ".join(f"{key} {value:.3f}" for key, value in row["metrics"].items())
+        table.add_row(_text(row["name"]), _text(row["version"]), _text(row["train_step"]),
+                      _text(row["prompts"]), metrics, _text(row["seq"]))
+    _print_table(out, table)
 
 
 def _print_step(answer: dict[str, Any], out: TextIO) -> None:

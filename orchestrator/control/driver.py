@@ -35,6 +35,7 @@ from ledger.audit.witness import Witness, check_witnesses, read_witnesses, write
 from orchestrator.config import RunConfig
 from orchestrator.control import launch, task_setup
 from orchestrator.control.errors import StartupError
+from orchestrator.control.evaluation import Evaluator
 from orchestrator.control.hooks import JobHooks
 from orchestrator.control.reporting.progress import RunProgress
 from orchestrator.control.provenance import ProvenanceRecorder, write_manager_state_from_ledger
@@ -176,6 +177,7 @@ class TrainingJob:
                                      create_engine=options.engine_factory)
         self.publisher = Publisher(self.supervisor, self.hooks, job=self)
         self.tracker = open_tracker(config, layout.run_dir)
+        self.evaluator = Evaluator(config, ledger, self.run_id, self.tracker)
         self.recorder = StepRecorder(layout.metrics_path, self.run_id, tracker=self.tracker)
         self.provenance = ProvenanceRecorder(ledger, self.run_id)
         self.step = 0
@@ -316,6 +318,7 @@ class TrainingJob:
                 version = self.publisher.publish_weights().version
                 timings["time/update_weights_s"] = time.monotonic() - started
             self.record_provenance(step, batch, held_version, version)
+            self.evaluator.after_step(step, self.supervisor.engines)  # when due
             held_version = version or held_version
 
             if self._checkpoint_due(step):

@@ -27,7 +27,9 @@ from orchestrator.control.errors import StartupError, SupervisionLimitError
 __all__ = [
     "RewardErrorLimitError",
     "RunTask",
+    "EvalSet",
     "check_dataset_identity",
+    "eval_sets",
     "reward_errors_end_the_run",
     "prepare",
     "run_task",
@@ -156,6 +158,7 @@ def prepare(config: RunConfig) -> RunConfig:
         StartupError: see :func:`run_task`.
     """
     task = run_task(config)
+    eval_sets(config)
     if config.num_epoch is None or task.dataset is None:
         return config
     steps = max(1, config.num_epoch * task.dataset["total_rows"] // config.rollout_batch_size)
@@ -180,3 +183,50 @@ def reward_errors_end_the_run() -> Iterator[None]:
     except RewardErrorsExceededError as exc:  # Ray's RayTaskError is an instance of its cause
         cause = getattr(exc, "cause", exc)
         raise RewardErrorLimitError(str(cause)) from None
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """One eval set: its prompts (those within ``max_prompt_len``) and content digest."""
+
+    prompts: tuple[Any, ...]
+    digest: str
+
+
+def eval_sets(config: RunConfig) -> dict[str, EvalSet]:
+    """The run's eval sets by name, read and rendered like its prompt data (cached).
+
+    Raises:
+        StartupError: a file, row, template or length problem (one line).
+    """
+    key = ("eval", tuple(config.eval_prompt_data), config.input_key, config.label_key,
+           config.apply_chat_template, config.max_prompt_len, config.tokenizer or config.model)
+    if key not in _EVAL_CACHE:
+        _EVAL_CACHE[key] = _load_eval_sets(config)
+    return _EVAL_CACHE[key]
+
+
+_EVAL_CACHE: dict[tuple, dict[str, EvalSet]] = {}
+
+
+def _load_eval_sets(config: RunConfig) -> dict[str, EvalSet]:
+    from orchestrator.rollout.data.prompt_files import PromptDataError, load_prompt_rows
+    from orchestrator.rollout.data.prompt_stream import DatasetPrompts
+    from orchestrator.rollout.data.tokenizer import TokenizerError
+
+    sets = {}
+    tokenizer = run_task(config).engine_task.tokenizer if config.eval_prompt_data else None
+    for name, path in config.eval_sets:
+        try:
+            rows, identity = load_prompt_rows([path], config.input_key, config.label_key,
+                                              config.metadata_key)
+            stream = DatasetPrompts(
+                rows, identity, tokenizer, seed=config.seed, shuffle=False,
+                apply_chat_template=config.apply_chat_template,
+                template_kwargs=config.template_kwargs, max_prompt_len=config.max_prompt_len)
+            prompts = tuple(prompt for prompt in map(stream.make_prompt, range(len(rows)))
+                            if prompt.drop_reason is None)
+        except (PromptDataError, TokenizerError) as exc:
+            raise StartupError(f"eval_prompt_data {name}: {exc}") from None
+        sets[name] = EvalSet(prompts, identity.digest)
+    return sets
