@@ -26,11 +26,12 @@ $(INSTALLED): setup.cfg pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(INSTALLED)
 
-# The vllm and tracking extras (--engine vllm, --backend hf, --tracker), torch kept at the pin.
+# The vllm, tracking and data extras (--engine vllm, --backend hf, --tracker, --prompt-data),
+# torch kept at the pin.
 install-vllm: $(VLLM_INSTALLED)
 
 $(VLLM_INSTALLED): $(INSTALLED)
-	$(BIN)/pip install --quiet $(TORCH_PIN) -e '.[dev,vllm,tracking]'
+	$(BIN)/pip install --quiet $(TORCH_PIN) -e '.[dev,vllm,tracking,data]'
 	$(BIN)/pip uninstall --quiet --yes $(VLLM_UNUSED)
 	touch $(VLLM_INSTALLED)
 

@@ -178,6 +178,7 @@ def draw(state: RunState, histogram: Histogram | None, out: Path, title: str) ->
         reward_axis.set_xlabel("training step")
         reward_axis.set_ylabel("mean reward")
         reward_axis.set_title("reward of the trained samples")
+        _draw_evals(reward_axis, state)
     if show_histogram:
         assert histogram is not None
         lags = sorted(histogram.counts)
@@ -228,3 +229,19 @@ def plot_run(
             else {str(lag): histogram.counts[lag] for lag in sorted(histogram.counts)}
         ),
     }
+
+
+def _draw_evals(axis: Any, state: RunState) -> None:
+    """Each eval set's mean reward at the step it was scored (``eval_finished``), over the
+    training reward; nothing for a run without evals."""
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for event in state.evals:
+        metrics = event.payload.get("metrics")
+        step, name = event.payload.get("train_step"), event.payload.get("name")
+        if isinstance(metrics, dict) and isinstance(step, int) and "mean_reward" in metrics:
+            curves.setdefault(str(name), []).append((step, float(metrics["mean_reward"])))
+    for name, points in curves.items():
+        steps, rewards = zip(*points)
+        axis.plot(steps, rewards, marker="s", linestyle="--", label=f"eval {name}")
+    if curves:
+        axis.legend(loc="lower right", fontsize=8)

@@ -143,8 +143,9 @@ def _print_epochs(answer: dict[str, Any], out: TextIO) -> None:
     out.write("epoch  rows  trained  dropped          in flight  not issued  check\n")
     for epoch in answer["epochs"]:
         dropped = ", ".join(f"{reason} {n}" for reason, n in epoch["dropped"].items()) or "0"
-        check = "each row once" if epoch["balanced"] else (
-            f"NOT BALANCED ({epoch['trained_twice']} trained twice)")
+        settled = epoch["in_flight"] == 0 and epoch["not_issued"] == 0
+        check = (("every row settled once" if settled else "balanced") if epoch["balanced"]
+                 else f"NOT BALANCED ({epoch['trained_twice']} trained twice)")
         out.write(f"{epoch['epoch']:<5}  {epoch['rows']:<4}  {epoch['trained']:<7}  "
                   f"{dropped:<15}  {epoch['in_flight']:<9}  {epoch['not_issued']:<10}  "
                   f"{check}\n")
