@@ -20,7 +20,6 @@ Where the ledger lives when ``db`` is unset is a run convention, not an option: 
 from __future__ import annotations
 
 import enum
-import json
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -29,11 +28,11 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.device_config import DeviceOptions
+from orchestrator.task_options import TaskOptions
 
 __all__ = ["ALIASES", "ConfigError", "RunConfig", "Tracker"]
 
 _RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_REWARD_PATH_PATTERN = re.compile(r"^[A-Za-z_][\w.]*[.:][A-Za-z_]\w*$")
 
 ALIASES: dict[str, tuple[str, ...]] = {
     "max_response_len": ("rollout_max_response_len",),
@@ -58,9 +57,10 @@ class ConfigError(ValueError):
     """
 
 
-class RunConfig(DeviceOptions):
+class RunConfig(DeviceOptions, TaskOptions):
     """All options of one run. Frozen; unknown keys are refused. The device options
-    (``device``, ``dtype``, GPUs per actor) come from :class:`DeviceOptions`.
+    (``device``, ``dtype``, GPUs per actor) come from :class:`DeviceOptions`, the task's
+    (prompt data, reward, evaluation) from :class:`TaskOptions`.
 
     Build with ``RunConfig(**fields)`` (raises pydantic ``ValidationError``) or
     :meth:`from_yaml` (raises :class:`ConfigError`).
@@ -191,79 +191,6 @@ class RunConfig(DeviceOptions):
                     "null in --config turns it off",
     )
 
-    # Task: prompt data and reward (miles' names). Unset prompt_data: the addition task.
-    prompt_data: list[str] = Field(
-        default=[],
-        description="JSONL or Parquet file(s) of prompts, repeatable, local only (default: the addition "
-                    "task); needs --tokenizer or --model",
-    )
-    input_key: str = Field(
-        default="prompt",
-        description="row key of the prompt: a string, or a list of chat messages {role, content}",
-    )
-    label_key: str | None = Field(
-        default="label", description="row key of the reference answer the reward compares with",
-    )
-    metadata_key: str | None = Field(
-        default="metadata", description="row key of a mapping handed to the reward as metadata",
-    )
-    apply_chat_template: bool = Field(
-        default=False,
-        description="render each prompt with the tokenizer's own chat template (a string "
-                    "prompt becomes one user message)",
-    )
-    apply_chat_template_kwargs: str | None = Field(
-        default=None, description="JSON object of extra keyword arguments to the chat template",
-    )
-    rollout_shuffle: bool = Field(
-        default=False,
-        description="shuffle the rows of each epoch with the run seed (deterministic per epoch)",
-    )
-    num_epoch: int | None = Field(
-        default=None, ge=1,
-        description="passes over --prompt-data; sets the steps to num_epoch * rows // "
-                    "rollout_batch_size (miles' rule), overriding --num-rollout",
-    )
-    max_prompt_len: int | None = Field(
-        default=None, ge=1,
-        description="prompts longer than this many tokens are dropped, counted as too_long "
-                    "(default: the longest prompt of the data sets the model's length)",
-    )
-    tokenizer: str | None = Field(
-        default=None,
-        description="local Hugging Face tokenizer directory for --prompt-data with the built-in "
-                    "engine (default: the --model directory's tokenizer)",
-    )
-    rm_type: Literal["exact", "math", "boxed"] = Field(
-        default="math",
-        description="reward of --prompt-data: exact (normalised string match), math (the "
-                    "math_verify package), boxed (the boxed answer, matched with math_verify)",
-    )
-    custom_rm_path: str | None = Field(
-        default=None,
-        description="module.function (or module:function) of your own reward, sync or async, "
-                    "called as f(prompt, response, label, metadata) -> float; overrides "
-                    "--rm-type",
-    )
-    reward_error_limit: float = Field(
-        default=0.5, ge=0.0, le=1.0,
-        description="end the run (run_failed) when more than this fraction of a step's groups "
-                    "were dropped as reward_error (a reward function that raised)",
-    )
-
-    # Evaluation (miles' names): between train steps, on the engines, outside the rollout.
-    eval_prompt_data: list[str] = Field(
-        default=[],
-        description="eval sets as NAME PATH pairs (repeat the flag: --eval-prompt-data test "
-                    "--eval-prompt-data test.parquet), read like --prompt-data",
-    )
-    eval_interval: int | None = Field(
-        default=None, ge=1, description="evaluate every N steps (and after the last one)",
-    )
-    n_samples_per_eval_prompt: int = Field(
-        default=1, ge=1, description="samples per eval prompt (pass@k is over these k)",
-    )
-
     # Sampling.
     temperature: float = Field(default=1.0, gt=0.0, description="sampling temperature")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
@@ -318,57 +245,6 @@ class RunConfig(DeviceOptions):
                              "file:///shared/ckpt or s3://bucket/ckpt")
         return value
 
-    @field_validator("apply_chat_template_kwargs")
-    @classmethod
-    def _check_template_kwargs(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                loaded = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"must be a JSON object: {exc.msg}") from None
-            if not isinstance(loaded, dict):
-                raise ValueError("must be a JSON object such as {\"enable_thinking\": false}")
-        return value
-
-    @field_validator("custom_rm_path")
-    @classmethod
-    def _check_custom_rm_path(cls, value: str | None) -> str | None:
-        if value is not None and not _REWARD_PATH_PATTERN.match(value):
-            raise ValueError("must be module.function or module:function")
-        return value
-
-    @model_validator(mode="after")
-    def _check_task(self) -> RunConfig:
-        # The addition task has its own symbols; a data set needs a tokenizer for its text.
-        if not self.prompt_data:
-            for name in ("num_epoch", "tokenizer", "custom_rm_path", "max_prompt_len"):
-                if getattr(self, name) is not None:
-                    raise ValueError(f"{name}: needs --prompt-data (the built-in addition task "
-                                     "has its own)")
-            return self
-        if self.engine == "builtin" and self.tokenizer is None:
-            raise ValueError("tokenizer: --prompt-data with the built-in engine needs "
-                             "--tokenizer DIR (a local Hugging Face tokenizer directory)")
-        if self.engine == "vllm" and self.model is None:
-            raise ValueError("model: --prompt-data with --engine vllm needs --model DIR (the "
-                             "tiny model made for the addition task cannot read your data)")
-        return self
-
-    @model_validator(mode="after")
-    def _check_eval(self) -> RunConfig:
-        if len(self.eval_prompt_data) % 2:
-            raise ValueError("eval_prompt_data: give NAME PATH pairs")
-        if self.eval_prompt_data and (not self.prompt_data or self.eval_interval is None):
-            raise ValueError("eval_prompt_data: needs --prompt-data (its tokenizer and "
-                             "reward) and --eval-interval")
-        return self
-
-    @property
-    def eval_sets(self) -> list[tuple[str, str]]:
-        """``eval_prompt_data`` as (name, path) pairs."""
-        data = self.eval_prompt_data
-        return list(zip(data[::2], data[1::2]))
-
     @model_validator(mode="after")
     def _check_topology(self) -> RunConfig:
         # Each step's batch is split across the alive cells: a cell with no group would have no
@@ -391,11 +267,6 @@ class RunConfig(DeviceOptions):
         if Tracker.NONE in self.tracker and len(set(self.tracker)) > 1:
             raise ValueError("tracker: 'none' cannot be combined with a tracker")
         return self
-
-    @property
-    def template_kwargs(self) -> dict[str, Any]:
-        """``apply_chat_template_kwargs`` as a mapping ({} when unset)."""
-        return json.loads(self.apply_chat_template_kwargs or "{}")
 
     @property
     def buffer_capacity(self) -> int:
