@@ -121,6 +121,8 @@ class RolloutEngine:
         use the same triple so version 0 means the same weights everywhere. It is held on
         ``device`` in ``dtype`` (:mod:`actors.device`; loaded weights are cast to it).
         ``partial_rollout`` chooses the pause mode: ``in_place`` if true, else ``abort``.
+        ``task`` has ``tokenizer.eos_id`` / ``pad_id`` and ``score_group(prompt, responses)``
+        (default: the addition task; a data set's is ``actors.dataset_task.DatasetTask``).
 
         Raises:
             PolicyError, ValueError: the policy, sampling parameters, device or dtype are

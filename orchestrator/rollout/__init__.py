@@ -8,6 +8,8 @@ above it, plus ``ledger``):
   EnginePool the control plane injects and the RolloutConfig protocol. Importable without
   Ray or the ledger (actors import it).
 * ``data_source``: PromptSource, fresh prompts from a deterministic factory, in index order.
+* ``data/``: a data-set task's prompts (``--prompt-data``): files and their identity, the HF
+  tokenizer, the stream position -> (epoch, row) -> Prompt.
 * ``prompt_tracker``: where every prompt is (in flight, buffered, claimed, pending, trained,
   dropped), recycling and starvation, the accounting of invariant 7.
 * ``staleness``: the screen: train, recycle or drop one finished group.
