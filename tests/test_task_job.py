@@ -171,3 +171,29 @@ def test_eval_sets_are_scored_between_steps_and_recorded_per_version(
     assert listing.exit_code == 0 and lineage.exit_code == 0, listing.output + lineage.output
     assert listing.output.count("held") == 2 and "pass@3" in listing.output
     assert "eval held: mean_reward" in lineage.output
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_data_set_trains_on_vllm_with_the_models_own_tokenizer(tmp_path: Path,
+                                                                 task_files: dict[str, Path]):
+    pytest.importorskip("vllm")
+    from actors.policies.hf_policy import ensure_task_model
+    from orchestrator.rollout.data.tokenizer import HFTokenizer, build_char_tokenizer
+    from tests.task_fixtures import ALPHABET, CHAT_TEMPLATE
+
+    symbols = HFTokenizer(task_files["tokenizer"]).hf.convert_ids_to_tokens(
+        list(range(HFTokenizer(task_files["tokenizer"]).vocab_size)))
+    model = ensure_task_model(tmp_path / "model", symbols, seed=0)
+    build_char_tokenizer(model, ALPHABET, CHAT_TEMPLATE)  # the same ids, with a template
+    config = task_config(task_files, "vllm-data", tokenizer=None, model=str(model),
+                         engine="vllm", backend="hf", num_epoch=None, num_rollout=3,
+                         num_cells=1, num_engines=1, apply_chat_template=True,
+                         max_prompt_len=24, max_response_len=4)
+
+    result = run_job(config, JobOptions(runs_dir=tmp_path / "runs", progress=False, plot=False))
+
+    assert result.ok, result.audit_problems
+    answer = prompt_query(result.ledger_url, "vllm-data")
+    assert answer["trained"] == 3 * 4 and answer["epochs"][0]["balanced"]
+    records = (tmp_path / "runs" / "vllm-data" / "metrics.jsonl").read_text().splitlines()
+    assert len(records) == 3
