@@ -94,6 +94,10 @@ class TaskOptions(BaseModel):
     n_samples_per_eval_prompt: int = Field(
         default=1, ge=1, description="samples per eval prompt (pass@k is over these k)",
     )
+    eval_max_response_len: int | None = Field(
+        default=None, ge=1,
+        description="new tokens per eval response (default: max_response_len)",
+    )
 
     @field_validator("apply_chat_template_kwargs")
     @classmethod

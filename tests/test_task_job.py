@@ -150,7 +150,8 @@ def test_eval_sets_are_scored_between_steps_and_recorded_per_version(
 
     held_out = write_parquet(tmp_path / "test.parquet", addition_rows(6, offset=7))
     config = task_config(task_files, "evals", num_epoch=None, num_rollout=4, eval_interval=2,
-                         eval_prompt_data=["held", str(held_out)], n_samples_per_eval_prompt=3)
+                         eval_prompt_data=["held", str(held_out)], n_samples_per_eval_prompt=3,
+                         eval_max_response_len=6)
 
     result = run_job(config, JobOptions(runs_dir=tmp_path / "runs", progress=False, plot=False))
 
@@ -197,3 +198,23 @@ def test_a_data_set_trains_on_vllm_with_the_models_own_tokenizer(tmp_path: Path,
     assert answer["trained"] == 3 * 4 and answer["epochs"][0]["balanced"]
     records = (tmp_path / "runs" / "vllm-data" / "metrics.jsonl").read_text().splitlines()
     assert len(records) == 3
+
+
+def test_an_eval_call_sets_its_own_response_length_on_the_builtin_engine():
+    from actors.engines.rollout_engine import RolloutEngine
+    from actors.policies.policy import PolicyConfig
+    from orchestrator.rollout.types import Prompt
+
+    class NeverStops:  # a task double whose EOS is outside the vocabulary
+        class tokenizer:
+            eos_id, pad_id = 99, 0
+
+        def score_group(self, prompt, responses):
+            return [0.0] * len(responses)
+
+    engine = RolloutEngine("e", "torch", PolicyConfig(vocab_size=16, max_sequence_length=24),
+                           task=NeverStops(), sampling={"max_new_tokens": 3})
+    prompt = Prompt(index=0, tokens=(1, 2, 3))
+
+    assert [len(s.response_tokens) for s in engine.generate(prompt, 2, 0)] == [3, 3]
+    assert [len(s.response_tokens) for s in engine.generate(prompt, 2, 0, 9)] == [9, 9]

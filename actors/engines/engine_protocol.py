@@ -82,8 +82,10 @@ class RolloutEngineProtocol(Protocol):
 
     engine_id: str
 
-    def generate(self, prompt: Prompt, n_samples: int, group_index: int) -> list[Sample]:
-        """Sample ``n_samples`` responses to ``prompt`` (see "Samples" above).
+    def generate(self, prompt: Prompt, n_samples: int, group_index: int,
+                 max_new_tokens: int | None = None) -> list[Sample]:
+        """Sample ``n_samples`` responses to ``prompt`` (see "Samples" above), at most
+        ``max_new_tokens`` each (None: the engine's sampling parameters; evals pass theirs).
 
         Waits while the engine is paused (up to its paused-wait timeout, then ABORTED). A pause
         never raises here: aborted or timed-out work comes back as ABORTED samples.

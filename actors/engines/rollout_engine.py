@@ -167,8 +167,10 @@ class RolloutEngine:
 
     # ---------------------------------------------------------------------------- sampling
 
-    def generate(self, prompt: Prompt, n_samples: int, group_index: int) -> list[Sample]:
-        """Sample ``n_samples`` responses to ``prompt``, each token stamped with its version.
+    def generate(self, prompt: Prompt, n_samples: int, group_index: int,
+                 max_new_tokens: int | None = None) -> list[Sample]:
+        """Sample ``n_samples`` responses to ``prompt``, each token stamped with its version
+        (at most ``max_new_tokens`` each; default: the engine's sampling parameters).
 
         Waits while the engine is paused (up to ``paused_wait_timeout_s``). A call that is
         aborted (pause in ``abort`` mode, or parked too long in ``in_place`` mode) returns its
@@ -198,7 +200,7 @@ class RolloutEngine:
         rollout = _Rollout.empty(n_samples, version)
         aborted = True
         try:
-            aborted = self._sample(prompt, rollout, abort_token)
+            aborted = self._sample(prompt, rollout, abort_token, max_new_tokens)
         finally:
             with self._state:
                 self._in_flight -= 1
@@ -235,7 +237,8 @@ class RolloutEngine:
             return self._version
 
     @torch.inference_mode()
-    def _sample(self, prompt: Prompt, rollout: _Rollout, abort_token: int) -> bool:
+    def _sample(self, prompt: Prompt, rollout: _Rollout, abort_token: int,
+                max_new_tokens: int | None = None) -> bool:
         """Decode into ``rollout`` token by token; True if the call was aborted."""
         eos_id, pad_id = self.task.tokenizer.eos_id, self.task.tokenizer.pad_id
         n_samples = len(rollout.responses)
@@ -244,7 +247,7 @@ class RolloutEngine:
         responses, log_probs, finished = rollout.responses, rollout.log_probs, rollout.finished
         temperature = self.sampling.temperature
         version = rollout.start_version
-        for _ in range(self.sampling.max_new_tokens):
+        for _ in range(max_new_tokens or self.sampling.max_new_tokens):
             if self._paused:  # read without the lock: a pause is seen at the next boundary
                 if not self.partial_rollout:
                     return True

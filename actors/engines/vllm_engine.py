@@ -151,15 +151,18 @@ class VLLMEngine:
 
     # ---------------------------------------------------------------------------- sampling
 
-    def generate(self, prompt: Prompt, n_samples: int, group_index: int) -> list[Sample]:
-        """Sample ``n_samples`` responses to ``prompt`` (see :mod:`actors.engines.engine_protocol`).
+    def generate(self, prompt: Prompt, n_samples: int, group_index: int,
+                 max_new_tokens: int | None = None) -> list[Sample]:
+        """Sample ``n_samples`` responses to ``prompt`` (see :mod:`actors.engines.engine_protocol`),
+        at most ``max_new_tokens`` each (default: the engine's sampling parameters).
 
         Raises:
             ValueError: ``n_samples < 1`` or the prompt leaves no room for a response.
         """
         if n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {n_samples}")
-        room = min(self.sampling.max_new_tokens, self.max_model_len - len(prompt.tokens))
+        room = min(max_new_tokens or self.sampling.max_new_tokens,
+                   self.max_model_len - len(prompt.tokens))
         if room < 1:
             raise ValueError(f"prompt of {len(prompt.tokens)} tokens leaves no room to answer")
         tracks = self._submit(prompt, n_samples, room)

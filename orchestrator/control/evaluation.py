@@ -77,7 +77,8 @@ class Evaluator:
         metrics: dict[str, float] = {}
         n = self.config.n_samples_per_eval_prompt
         for name, evaluation in eval_sets(self.config).items():
-            calls = [handles[index % len(handles)].generate.remote(prompt, n, index)
+            length = self.config.eval_max_response_len
+            calls = [handles[index % len(handles)].generate.remote(prompt, n, index, length)
                      for index, prompt in enumerate(evaluation.prompts)]
             scores = score_samples(ray.get(calls))
             self.ledger.append(self.run_id, EventKind.EVAL_FINISHED, {

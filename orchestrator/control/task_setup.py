@@ -61,7 +61,8 @@ def run_task(config: RunConfig) -> RunTask:
     key = (tuple(config.prompt_data), config.input_key, config.label_key, config.metadata_key,
            config.apply_chat_template, config.apply_chat_template_kwargs, config.rollout_shuffle,
            config.max_prompt_len, config.tokenizer or config.model, config.rm_type,
-           config.custom_rm_path, config.seed, config.max_response_len)
+           config.custom_rm_path, config.seed, config.max_response_len,
+           config.eval_max_response_len)
     if key not in _CACHE:
         _CACHE.clear()  # one run per process at a time: keep the newest only
         _CACHE[key] = _build_task(config)
@@ -114,8 +115,10 @@ def _dataset_task(config: RunConfig) -> RunTask:
         reward = reward_function(config.rm_type, config.custom_rm_path)
     except (PromptDataError, TokenizerError, RewardLoadError) as exc:
         raise StartupError(str(exc)) from None
+    # The context holds the longest kept prompt and the longest response, train or eval.
+    response = max(config.max_response_len, config.eval_max_response_len or 0)
     return RunTask(DatasetTask(tokenizer, reward), prompts.make_prompt, tokenizer.vocab_size,
-                   longest + config.max_response_len, identity.to_json())
+                   longest + response, identity.to_json())
 
 
 def check_dataset_identity(ledger: Any, run_id: str, config: RunConfig) -> None:
