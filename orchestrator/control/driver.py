@@ -33,9 +33,8 @@ from ledger.run_layout import (
 )
 from ledger.audit.witness import Witness, check_witnesses, read_witnesses, write_checkpoint_witness
 from orchestrator.config import RunConfig
-from orchestrator.control import launch, task_setup
+from orchestrator.control import evaluation, launch, task_setup
 from orchestrator.control.errors import StartupError
-from orchestrator.control.evaluation import Evaluator
 from orchestrator.control.hooks import JobHooks
 from orchestrator.control.reporting.progress import RunProgress
 from orchestrator.control.provenance import ProvenanceRecorder, write_manager_state_from_ledger
@@ -177,7 +176,7 @@ class TrainingJob:
                                      create_engine=options.engine_factory)
         self.publisher = Publisher(self.supervisor, self.hooks, job=self)
         self.tracker = open_tracker(config, layout.run_dir)
-        self.evaluator = Evaluator(config, ledger, self.run_id, self.tracker)
+        self.evaluator = evaluation.Evaluator(config, ledger, self.run_id, self.tracker)
         self.recorder = StepRecorder(layout.metrics_path, self.run_id, tracker=self.tracker)
         self.provenance = ProvenanceRecorder(ledger, self.run_id)
         self.step = 0
@@ -301,7 +300,6 @@ class TrainingJob:
             self.supervisor.prompts_in_hand = {group[0].group_index for group in batch.samples
                                                if group}
             timings = {"time/drain_wait_s": time.monotonic() - step_started}
-
             self.supervisor.check_cells()
             engine_probe = self.supervisor.probe_engines()  # answered while the cells train
             started = time.monotonic()
