@@ -82,8 +82,8 @@ class DeviceLatencyEngine(RolloutEngine):
         _run_on_idle_cycles_only()  # this generating thread, from now on
         return super().generate(*args, **kwargs)
 
-    def _forward_step(self, tokens: Any) -> Any:
-        logits = super()._forward_step(tokens)  # the device's work, done on the CPU
+    def _forward_step(self, tokens: Any, decoder: Any) -> Any:
+        logits = super()._forward_step(tokens, decoder)  # the device's work, done on the CPU
         step = self.device_s_per_token
         time.sleep(step - time.monotonic() % step)  # the rest of this device step
         return logits

@@ -8,9 +8,10 @@ generate call of ``--samples`` samples per repeat, lengths alternated within eac
 load drifts hit them alike. The engine's task is a benchmark double whose EOS is never
 sampled, so every sample runs to the full length. Reports response tokens/s, median and spread.
 
-Read it knowing the engine: the built-in sampler re-runs the whole sequence per token (no KV
-cache), so a token at position t costs O(t): tokens/s falls roughly with length. A vLLM engine
-(``--engine vllm``) keeps a KV cache. Prints a table; asserts nothing.
+Two decode paths side by side, alternated within each repeat: ``kv-cache`` (the engine as it
+runs: each step extends a key/value cache) and ``full-prefix`` (the engine before it had one:
+each step re-runs the whole sequence, so a token at position t costs O(t)). Prints a table
+(tokens/s, the ratio to the first length, and cache/full-prefix); asserts nothing.
 """
 
 from __future__ import annotations
@@ -44,10 +45,20 @@ class _LengthTask:
         return [0.0] * len(responses)
 
 
-def engine(length: int) -> RolloutEngine:
+class _FullPrefixEngine(RolloutEngine):
+    """The engine without its cache: every decode step runs every position."""
+
+    def _forward_step(self, tokens: torch.Tensor, decoder: object) -> torch.Tensor:
+        return self.model(tokens)[:, -1, :].float()
+
+
+MODES = {"kv-cache": RolloutEngine, "full-prefix": _FullPrefixEngine}
+
+
+def engine(length: int, mode: str) -> RolloutEngine:
     config = PolicyConfig(vocab_size=VOCAB, max_sequence_length=len(PROMPT.tokens) + length)
-    return RolloutEngine(f"bench-{length}", "torch", config, seed=0, task=_LengthTask(),
-                         sampling={"temperature": 1.0, "top_p": 1.0, "max_new_tokens": length})
+    return MODES[mode](f"bench-{length}", "torch", config, seed=0, task=_LengthTask(),
+                       sampling={"temperature": 1.0, "top_p": 1.0, "max_new_tokens": length})
 
 
 def main() -> None:
@@ -57,26 +68,32 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    engines = {length: engine(length) for length in args.lengths}
-    for length, built in engines.items():
+    cases = [(length, mode) for length in args.lengths for mode in MODES]
+    engines = {case: engine(*case) for case in cases}
+    for built in engines.values():
         built.generate(PROMPT, 2, 0)  # warm
-    rates: dict[int, list[float]] = {length: [] for length in args.lengths}
-    for _ in range(args.repeat):
-        for length, built in engines.items():
+    rates: dict[tuple[int, str], list[float]] = {case: [] for case in cases}
+    for repeat in range(args.repeat):
+        order = cases if repeat % 2 == 0 else cases[::-1]
+        for case in order:
             started = time.perf_counter()
-            samples = built.generate(PROMPT, args.samples, 0)
+            samples = engines[case].generate(PROMPT, args.samples, 0)
             seconds = time.perf_counter() - started
             tokens = sum(len(sample.response_tokens) for sample in samples)
-            assert tokens == length * args.samples, "a sample stopped early"
-            rates[length].append(tokens / seconds)
-    base = statistics.median(rates[args.lengths[0]])
-    print(f"built-in engine, {args.samples} samples per call, {args.repeat} repeats")
-    print(f"{'length':>7}  {'tokens/s median':>15}  {'min-max':>15}  {'vs first':>8}")
-    for length in args.lengths:
-        median = statistics.median(rates[length])
-        print(f"{length:>7}  {median:>15.0f}  {min(rates[length]):>7.0f}-"
-              f"{max(rates[length]):<7.0f}  {median / base:>8.2f}")
-
+            assert tokens == case[0] * args.samples, "a sample stopped early"
+            rates[case].append(tokens / seconds)
+    median = {case: statistics.median(values) for case, values in rates.items()}
+    print(f"built-in engine, {args.samples} samples per call, {args.repeat} repeats "
+          "(alternating)")
+    print(f"{'length':>7}  {'mode':>11}  {'tokens/s median':>15}  {'min-max':>15}  "
+          f"{'vs first':>8}  {'cache/full':>10}")
+    for length, mode in cases:
+        values = rates[(length, mode)]
+        speedup = median[(length, "kv-cache")] / median[(length, "full-prefix")]
+        print(f"{length:>7}  {mode:>11}  {median[(length, mode)]:>15.0f}  "
+              f"{min(values):>7.0f}-{max(values):<7.0f}  "
+              f"{median[(length, mode)] / median[(args.lengths[0], mode)]:>8.2f}  "
+              f"{speedup if mode == 'kv-cache' else 1.0:>10.2f}")
 
 if __name__ == "__main__":
     main()

@@ -6,10 +6,8 @@ arrive while ``generate`` runs::
     Engine = ray.remote(**ROLLOUT_ENGINE_ACTOR_OPTIONS)(RolloutEngine)
 
 Control methods (pause, updates, health) run in their own concurrency group, so they are never
-queued behind generate calls blocked on a pause.
-
-It implements :class:`~actors.engines.engine_protocol.RolloutEngineProtocol`; the semantics below are
-stated there once.
+queued behind generate calls blocked on a pause. It implements
+:class:`~actors.engines.engine_protocol.RolloutEngineProtocol`, where the semantics are stated.
 
 State and its rules:
 
@@ -27,9 +25,9 @@ State and its rules:
   new weights when resumed (``in_place``; parked longer than ``paused_wait_timeout_s``, they
   come back ABORTED with what they generated).
 
-The engine never re-encodes anything on resume because it keeps no KV cache: every decode step
-runs the whole prefix, so tokens after an update are computed wholly by the new weights and
-their log-probs are exactly the new policy's.
+A decode step extends a key/value cache (:mod:`actors.engines.decoding`); a parked call starts
+a new one, so tokens after an update are computed wholly by the new weights, their log-probs
+exactly the new policy's.
 """
 
 from __future__ import annotations
@@ -44,6 +42,7 @@ import ray
 import torch
 
 from actors.device import select_device, torch_dtype
+from actors.engines.decoding import StepDecoder
 from actors.engines.engine_protocol import pause_mode
 from actors.errors import EngineStateError, StaleEpochError
 from actors.policies.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
@@ -213,10 +212,10 @@ class RolloutEngine:
         """Called before each decode step, while the call counts as running (a pause waits
         for it). A hook for engines that model extra per-step time (tests, benchmarks)."""
 
-    def _forward_step(self, tokens: torch.Tensor) -> torch.Tensor:
+    def _forward_step(self, tokens: torch.Tensor, decoder: StepDecoder) -> torch.Tensor:
         """One decode step of the model: the last position's logits ``[rows, vocab]``. A
         pause waits for the step in progress (benchmark doubles model a device step here)."""
-        return self.model(tokens)[:, -1, :].float()
+        return decoder.logits(tokens)
 
     def _park(self) -> int | None:
         """Wait at a token boundary while paused (``in_place``). Returns the version to go on
@@ -246,7 +245,7 @@ class RolloutEngine:
                               device=self.device)
         responses, log_probs, finished = rollout.responses, rollout.log_probs, rollout.finished
         temperature = self.sampling.temperature
-        version = rollout.start_version
+        version, decoder = rollout.start_version, StepDecoder(self.model)
         for _ in range(max_new_tokens or self.sampling.max_new_tokens):
             if self._paused:  # read without the lock: a pause is seen at the next boundary
                 if not self.partial_rollout:
@@ -255,12 +254,13 @@ class RolloutEngine:
                 if resumed is None:
                     return True
                 version = resumed
+                decoder.restart()  # the weights may have changed while it was parked
             if self._abort_token != abort_token:
                 return True
             if tokens.shape[1] >= self.max_sequence_length:
                 break
             self._before_token()
-            logits = self._forward_step(tokens)
+            logits = self._forward_step(tokens, decoder)
             step_log_probs = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
             if temperature == 0:
                 next_tokens = logits.argmax(dim=-1)

@@ -214,6 +214,31 @@ def load_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], adapters_on
 # The plain-torch twin
 
 
+@dataclass
+class LayerCache:
+    """One layer's attention keys and values so far, ``[batch, heads, positions, head_dim]``."""
+
+    key: torch.Tensor | None = None
+    value: torch.Tensor | None = None
+
+    def extend(self, key: torch.Tensor, value: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new positions' keys and values; returns all of them."""
+        if self.key is not None and self.value is not None:
+            key, value = torch.cat([self.key, key], dim=2), torch.cat([self.value, value], dim=2)
+        self.key, self.value = key, value
+        return key, value
+
+
+@dataclass
+class DecodeCache:
+    """The key/value cache of an incremental decode: valid only for the weights it was built
+    with (a weight update must start a new one)."""
+
+    layers: list[LayerCache]
+    length: int = 0
+
+
 class _Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, std: float) -> None:
         super().__init__()
@@ -232,8 +257,8 @@ class _Embedding(nn.Module):
         nn.init.normal_(self.word_embeddings.weight, 0.0, _INIT_STD)
         nn.init.normal_(self.position_embeddings.weight, 0.0, _INIT_STD)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
+    def forward(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        positions = torch.arange(offset, offset + tokens.shape[1], device=tokens.device)
         return self.word_embeddings(tokens) + self.position_embeddings(positions)
 
 
@@ -245,13 +270,19 @@ class _SelfAttention(nn.Module):
         self.linear_qkv = _Linear(hidden, 3 * hidden, bias=True, std=_INIT_STD)
         self.linear_proj = _Linear(hidden, hidden, bias=True, std=output_std)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         batch, seq, hidden = x.shape
         head_dim = hidden // self.num_heads
         # Megatron's fused layout: for each head, its q, k and v rows are adjacent.
         qkv = self.linear_qkv(x).view(batch, seq, self.num_heads, 3, head_dim)
         query, key, value = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))
-        attended = F.scaled_dot_product_attention(query, key, value, is_causal=True)
+        if cache is not None:
+            key, value = cache.extend(key, value)
+        # New positions attend causally among themselves and to every cached one.
+        causal = query.shape[2] > 1
+        if causal and key.shape[2] != query.shape[2]:
+            raise ValueError("a cached decode step takes one position, or all of them")
+        attended = F.scaled_dot_product_attention(query, key, value, is_causal=causal)
         return self.linear_proj(attended.transpose(1, 2).reshape(batch, seq, hidden))
 
 
@@ -273,8 +304,8 @@ class _Layer(nn.Module):
         self.pre_mlp_layernorm = nn.LayerNorm(config.hidden_size, eps=1e-5)
         self.mlp = _MLP(config, output_std)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attention(self.input_layernorm(x))
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        x = x + self.self_attention(self.input_layernorm(x), cache)
         return x + self.mlp(self.pre_mlp_layernorm(x))
 
 
@@ -286,9 +317,9 @@ class _Decoder(nn.Module):
         self.layers = nn.ModuleList(_Layer(config, output_std) for _ in range(config.num_layers))
         self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=1e-5)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
+    def forward(self, x: torch.Tensor, cache: DecodeCache | None = None) -> torch.Tensor:
+        for index, layer in enumerate(self.layers):
+            x = layer(x, None if cache is None else cache.layers[index])
         return self.final_layernorm(x)
 
 
@@ -304,8 +335,18 @@ class TorchCausalLM(nn.Module):
         self.decoder = _Decoder(config)
         self.output_layer = _Linear(config.hidden_size, config.vocab_size, False, _INIT_STD)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.output_layer(self.decoder(self.embedding(tokens)))
+    def forward(self, tokens: torch.Tensor, cache: DecodeCache | None = None) -> torch.Tensor:
+        """Logits ``[batch, seq, vocab]``. With ``cache``, ``tokens`` continue the positions it
+        holds (all of a prompt first, then one at a time) and are added to it."""
+        offset = 0 if cache is None else cache.length
+        logits = self.output_layer(self.decoder(self.embedding(tokens, offset), cache))
+        if cache is not None:
+            cache.length += tokens.shape[1]
+        return logits
+
+    def new_cache(self) -> DecodeCache:
+        """An empty key/value cache for :meth:`forward` (one per batch of sequences)."""
+        return DecodeCache([LayerCache() for _ in self.decoder.layers])
 
 
 # --------------------------------------------------------------------------------------------
