@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ledger.errors import LedgerError
+from ledger.id_ranges import expand as expand_ranges
+from ledger.id_ranges import to_ranges
 from ledger.redact import redact_secrets
 
 __all__ = [
@@ -148,14 +150,42 @@ class StalenessSummary(BaseModel):
     max: int
 
 
+PromptIds = list[int | list[int]]
+
+
+def _compact(items: PromptIds) -> list[int | list[int]]:
+    try:
+        return to_ranges(expand_ranges(items))
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+
+
 class PromptOutcomes(BaseModel):
-    """Which prompts this step settled, and the prompt stream's position after it."""
+    """Which prompts this step settled, and the prompt stream's position after it.
+
+    Prompt ids are stored as ranges (``[[start, end], ...]``, both ends included; a single id
+    may stand alone), so the event is bounded by the number of gaps, not the batch size. A
+    payload given as a flat list of ids (what ledgers before revision 0003 stored, and what
+    callers may still pass) is accepted and written compacted; readers accept both forms
+    (:func:`ledger.id_ranges.iter_ranges`), and the digest covers the same sorted ids either
+    way, so old ledgers verify unchanged.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    trained: list[int]
-    dropped: dict[str, list[int]] = Field(default_factory=dict)
+    trained: PromptIds
+    dropped: dict[str, PromptIds] = Field(default_factory=dict)
     recycled: int = Field(default=0, ge=0)
     next_index: int = Field(ge=0)
+
+    @field_validator("trained")
+    @classmethod
+    def _compact_trained(cls, items: PromptIds) -> list[int | list[int]]:
+        return _compact(items)
+
+    @field_validator("dropped")
+    @classmethod
+    def _compact_dropped(cls, groups: dict[str, PromptIds]) -> dict[str, list[int | list[int]]]:
+        return {reason: _compact(items) for reason, items in groups.items()}
 
 
 class BatchTrained(_Payload):

@@ -27,10 +27,12 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from pydantic import ValidationError
 
 from ledger.events import BatchTrained, Event, EventKind
+from ledger.id_ranges import IdMap, iter_ranges
 
 __all__ = [
     "BatchView",
@@ -67,10 +69,26 @@ class BatchView:
     staleness_avg: float
     staleness_max: int
     prompt_digest: str
-    prompts_trained: tuple[int, ...]
-    prompts_dropped: dict[str, tuple[int, ...]]
+    trained_ranges: tuple[tuple[int, int], ...]  # (start, end), both included
+    dropped_ranges: dict[str, tuple[tuple[int, int], ...]]
     recycled: int
     next_index: int
+
+    @property
+    def prompts_trained(self) -> tuple[int, ...]:
+        """Every prompt id the step trained (expanded from its ranges)."""
+        return tuple(i for start, end in self.trained_ranges for i in range(start, end + 1))
+
+    @property
+    def prompts_dropped(self) -> dict[str, tuple[int, ...]]:
+        """Reason -> every prompt id the step dropped for it (expanded)."""
+        return {reason: tuple(i for start, end in ranges for i in range(start, end + 1))
+                for reason, ranges in self.dropped_ranges.items()}
+
+    @property
+    def trained_count(self) -> int:
+        """How many prompts the step trained."""
+        return sum(end - start + 1 for start, end in self.trained_ranges)
 
     @property
     def newest_sample_version(self) -> int | None:
@@ -104,8 +122,8 @@ def parse_batch(event: Event) -> BatchView | None:
         staleness_avg=payload.staleness.avg,
         staleness_max=payload.staleness.max,
         prompt_digest=payload.prompt_digest,
-        prompts_trained=tuple(prompts.trained),
-        prompts_dropped={reason: tuple(ids) for reason, ids in prompts.dropped.items()},
+        trained_ranges=tuple(iter_ranges(prompts.trained)),
+        dropped_ranges={reason: tuple(iter_ranges(ids)) for reason, ids in prompts.dropped.items()},
         recycled=prompts.recycled,
         next_index=prompts.next_index,
     )
@@ -118,11 +136,15 @@ class PromptLedger:
     ``next_index`` is the prompt stream's position (prompts ``0 .. next_index - 1`` were
     issued). A prompt is trained (by the first step that recorded it), dropped (with the first
     reason recorded), or in flight (issued, neither: generating, queued, or pending a resume).
+    ``trained`` (prompt -> True) and ``dropped`` (prompt -> reason) are
+    :class:`~ledger.id_ranges.IdMap` s held as ranges: a run's contiguous trained prompts are
+    one entry, so the account (and a snapshot of it) is bounded by the gaps, not the run's
+    length. Which step trained a prompt is the step's ``batch_trained`` (``ledger lineage``).
     """
 
     next_index: int = 0
-    trained: dict[int, int] = field(default_factory=dict)  # prompt -> train step
-    dropped: dict[int, str] = field(default_factory=dict)  # prompt -> reason
+    trained: IdMap[bool] = field(default_factory=IdMap)  # prompt -> True
+    dropped: IdMap[str] = field(default_factory=IdMap)  # prompt -> reason
     recycled: int = 0
     last_step: int = 0
     carried_over: int = 0  # prompts in flight at resumes, summed over every resume
@@ -134,26 +156,47 @@ class PromptLedger:
         """Prompts issued so far (the stream's position)."""
         return self.next_index
 
+    def in_flight_ranges(self) -> list[tuple[int, int]]:
+        """The issued ids neither trained nor dropped, as ``(start, end)`` ranges."""
+        settled = sorted((start, end) for start, end, _ in self.trained.ranges())
+        settled += [(start, end) for start, end, _ in self.dropped.ranges()]
+        settled.sort()
+        gaps, cursor = [], 0
+        for start, end in settled:
+            if start >= self.next_index:
+                break
+            if cursor < start:
+                gaps.append((cursor, start - 1))
+            cursor = max(cursor, end + 1)
+        if cursor < self.next_index:
+            gaps.append((cursor, self.next_index - 1))
+        return gaps
+
     @property
     def in_flight(self) -> list[int]:
         """Issued prompts neither trained nor dropped (in flight, queued, or pending)."""
-        settled = self.trained.keys() | self.dropped.keys()
-        return [index for index in range(self.next_index) if index not in settled]
+        return [index for start, end in self.in_flight_ranges() for index in range(start, end + 1)]
+
+    @property
+    def in_flight_count(self) -> int:
+        """How many issued prompts are neither trained nor dropped."""
+        return sum(end - start + 1 for start, end in self.in_flight_ranges())
 
     def dropped_by_reason(self) -> dict[str, int]:
         """Reason -> how many prompts were dropped for it."""
-        return dict(sorted(Counter(self.dropped.values()).items()))
+        counts: Counter[str] = Counter()
+        for start, end, reason in self.dropped.ranges():
+            counts[reason] += end - start + 1
+        return dict(sorted(counts.items()))
 
     def apply_batch(self, batch: BatchView) -> None:
         """Fold one step's prompt outcomes."""
-        for index in batch.prompts_trained:
-            if index in self.trained:
-                self.twice.append(index)
-            else:
-                self.trained[index] = batch.train_step
-        for reason, indexes in batch.prompts_dropped.items():
-            for index in indexes:
-                self.dropped.setdefault(index, reason)
+        for start, end in batch.trained_ranges:
+            for clash_start, clash_end, _ in self.trained.add(start, end, True):
+                self.twice.extend(range(clash_start, clash_end + 1))
+        for reason, ranges in batch.dropped_ranges.items():
+            for start, end in ranges:
+                self.dropped.add(start, end, reason)
         self.recycled += batch.recycled
         self.next_index = max(self.next_index, batch.next_index)
         self.last_step = max(self.last_step, batch.train_step)
@@ -167,6 +210,25 @@ class PromptLedger:
         position = event.payload.get("next_prompt_index")
         if isinstance(position, int) and not isinstance(position, bool):
             self.next_index = max(self.next_index, position)
+
+    def to_json(self) -> dict[str, Any]:
+        """The account as JSON (for a read-model snapshot; :meth:`from_json` reads it back)."""
+        return {"next_index": self.next_index, "trained": self.trained.to_json(),
+                "dropped": self.dropped.to_json(), "recycled": self.recycled,
+                "last_step": self.last_step, "carried_over": self.carried_over,
+                "resumes": self.resumes, "twice": list(self.twice)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PromptLedger:
+        """The account :meth:`to_json` wrote.
+
+        Raises:
+            KeyError, TypeError, ValueError: ``data`` is not such an account.
+        """
+        return cls(next_index=int(data["next_index"]), trained=IdMap.from_json(data["trained"]),
+                   dropped=IdMap.from_json(data["dropped"]), recycled=int(data["recycled"]),
+                   last_step=int(data["last_step"]), carried_over=int(data["carried_over"]),
+                   resumes=int(data["resumes"]), twice=[int(i) for i in data["twice"]])
 
     def apply(self, event: Event) -> None:
         """Fold one event (kinds other than ``batch_trained`` and ``run_resumed`` are ignored;

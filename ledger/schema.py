@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-__all__ = ["ledger_events", "metadata", "run_heads", "runs"]
+__all__ = [
+    "audit_checkpoints",
+    "ledger_events",
+    "metadata",
+    "projection_snapshots",
+    "run_heads",
+    "runs",
+    "version_uses",
+]
 
 metadata = sa.MetaData()
 
@@ -39,8 +47,50 @@ ledger_events = sa.Table(
     sa.Column("prev_hash", sa.String(64), nullable=False),
     sa.Column("hash", sa.String(64), nullable=False),
     sa.Column("recorded_at", sa.DateTime(), nullable=False),
+    # Since revision 0003: the payload's train_step, copied out so that "the batch_trained of
+    # step N" is one indexed lookup. Outside the hash (derived); verify checks it equals the
+    # payload's.
+    sa.Column("train_step", sa.BigInteger(), nullable=True),
     sa.UniqueConstraint("run_id", "idempotency_key", name="uq_ledger_events_idempotency"),
     sa.UniqueConstraint("run_id", "version", name="uq_ledger_events_version"),
+    sa.Index("ix_ledger_events_kind_step", "run_id", "kind", "train_step"),
+)
+
+# Derived rows (revision 0003), written in the append's transaction and re-derived by verify:
+# which steps trained on samples of which version (a batch_trained's sample_versions), so
+# `ledger lineage V` is an indexed lookup.
+version_uses = sa.Table(
+    "version_uses",
+    metadata,
+    sa.Column("run_id", sa.String(128), sa.ForeignKey("runs.run_id"), primary_key=True),
+    sa.Column("version", sa.BigInteger(), primary_key=True),
+    sa.Column("seq", sa.BigInteger(), primary_key=True),
+    sa.Column("train_step", sa.BigInteger(), nullable=False),
+    sa.Column("samples", sa.BigInteger(), nullable=False),
+)
+
+# Read-model snapshots (revision 0003): the run's progress (ledger.progress) folded up to seq,
+# trusted only while head_hash is the chain's hash at seq; readers fold only the tail.
+projection_snapshots = sa.Table(
+    "projection_snapshots",
+    metadata,
+    sa.Column("run_id", sa.String(128), sa.ForeignKey("runs.run_id"), primary_key=True),
+    sa.Column("seq", sa.BigInteger(), primary_key=True),
+    sa.Column("head_hash", sa.String(64), nullable=False),
+    sa.Column("state", sa.JSON(), nullable=False),
+    sa.Column("recorded_at", sa.DateTime(), nullable=False),
+)
+
+# Audit checkpoints (revision 0003): the audit's state after it verified a run up to seq,
+# so `verify --since-verified` checks only the events after it (head_hash re-checked).
+audit_checkpoints = sa.Table(
+    "audit_checkpoints",
+    metadata,
+    sa.Column("run_id", sa.String(128), sa.ForeignKey("runs.run_id"), primary_key=True),
+    sa.Column("seq", sa.BigInteger(), primary_key=True),
+    sa.Column("head_hash", sa.String(64), nullable=False),
+    sa.Column("state", sa.JSON(), nullable=False),
+    sa.Column("recorded_at", sa.DateTime(), nullable=False),
 )
 
 run_heads = sa.Table(

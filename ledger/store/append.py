@@ -23,7 +23,7 @@ from ledger.events import (
     Head,
     event_hash,
 )
-from ledger.schema import ledger_events, run_heads, runs
+from ledger.schema import ledger_events, run_heads, runs, version_uses
 
 __all__ = [
     "IDENTITY_PAYLOAD_KEYS",
@@ -32,6 +32,11 @@ __all__ = [
     "lock_head",
     "row_to_event",
 ]
+
+
+# Built once (as the head read is): building a statement costs as much as running it on SQLite.
+_INSERT_EVENT = ledger_events.insert()
+_INSERT_USES = version_uses.insert()
 
 
 def _utcnow() -> datetime:
@@ -207,13 +212,21 @@ def append_locked(
         cell_id=cell_id, epoch=epoch, idempotency_key=idempotency_key, payload=payload,
         recorded_at=recorded_at,
     )
+    train_step = payload.get("train_step")
     conn.execute(
-        ledger_events.insert().values(
-            run_id=run_id, seq=seq, kind=kind.value, version=version, cell_id=cell_id,
-            epoch=epoch, idempotency_key=idempotency_key, payload=payload,
-            prev_hash=head.hash, hash=digest, recorded_at=recorded_at,
-        )
+        _INSERT_EVENT,
+        {"run_id": run_id, "seq": seq, "kind": kind.value, "version": version,
+         "cell_id": cell_id, "epoch": epoch, "idempotency_key": idempotency_key,
+         "payload": payload, "prev_hash": head.hash, "hash": digest,
+         "recorded_at": recorded_at,
+         "train_step": train_step if isinstance(train_step, int) else None},
     )
+    uses = [{"run_id": run_id, "version": int(used), "seq": seq, "train_step": train_step,
+             "samples": int(samples)}
+            for used, samples in payload.get("sample_versions", {}).items()
+            ] if kind is EventKind.BATCH_TRAINED else []
+    if uses:
+        conn.execute(_INSERT_USES, uses)
     conn.execute(
         run_heads.update()
         .where(run_heads.c.run_id == run_id)

@@ -1,0 +1,175 @@
+"""Integer ids as ranges: the compact form prompt ids are stored in, and a map over ranges.
+
+A step trains prompts that are nearly always one contiguous run of the stream, so ids are
+stored as ``[[start, end], ...]`` (both ends included, single ids as plain ints allowed) and
+folded into an :class:`IdMap`, which holds one entry per run of ids that share a value (the
+step that trained them, the reason they were dropped) instead of one per id. Memory and the
+JSON of a snapshot are then bounded by the number of gaps, not by the number of prompts.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
+
+__all__ = ["IdMap", "RangeItem", "expand", "iter_ranges", "to_ranges"]
+
+V = TypeVar("V")
+RangeItem = int | list[int]
+
+
+def to_ranges(ids: Iterable[int]) -> list[RangeItem]:
+    """Sorted, de-duplicated ``ids`` as ranges: ``[0, 1, 2, 5]`` -> ``[[0, 2], 5]``."""
+    out: list[list[int]] = []
+    for index in sorted(set(ids)):
+        if out and index == out[-1][1] + 1:
+            out[-1][1] = index
+        else:
+            out.append([index, index])
+    return [start if start == end else [start, end] for start, end in out]
+
+
+def iter_ranges(items: Iterable[Any]) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each item of either stored form (an int, or ``[start, end]``).
+
+    Raises:
+        ValueError: an item that is neither (or a range whose end is below its start).
+    """
+    for item in items:
+        if isinstance(item, int) and not isinstance(item, bool):
+            yield item, item
+        elif (isinstance(item, list | tuple) and len(item) == 2
+              and all(isinstance(v, int) and not isinstance(v, bool) for v in item)
+              and item[0] <= item[1]):
+            yield item[0], item[1]
+        else:
+            raise ValueError(f"not a prompt id or [start, end] range: {item!r}")
+
+
+def expand(items: Iterable[Any]) -> list[int]:
+    """Every id the items name, in stored order (either form)."""
+    return [index for start, end in iter_ranges(items) for index in range(start, end + 1)]
+
+
+class IdMap(Mapping[int, V], Generic[V]):
+    """A map id -> value held as sorted, disjoint ranges ``[start, end] -> value``.
+
+    :meth:`add` keeps the first value of an id (a later add of an id already mapped is
+    returned as a clash, not stored). ``len`` is the number of ids, in O(1). Iterating yields
+    every id (use :meth:`ranges` for the compact form).
+    """
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self._values: list[V] = []
+        self._count = 0
+
+    # -- Mapping
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[int]:
+        for start, end in zip(self._starts, self._ends, strict=True):
+            yield from range(start, end + 1)
+
+    def __getitem__(self, index: int) -> V:
+        position = bisect.bisect_right(self._starts, index) - 1
+        if position >= 0 and index <= self._ends[position]:
+            return self._values[position]
+        raise KeyError(index)
+
+    def __contains__(self, index: object) -> bool:
+        if not isinstance(index, int):
+            return False
+        position = bisect.bisect_right(self._starts, index) - 1
+        return position >= 0 and index <= self._ends[position]
+
+    # -- ranges
+    def ranges(self) -> Iterator[tuple[int, int, V]]:
+        """``(start, end, value)`` in id order."""
+        return zip(self._starts, self._ends, self._values, strict=True)
+
+    def overlaps(self, start: int, end: int) -> list[tuple[int, int, V]]:
+        """The stored ranges (clipped to ``[start, end]``) that hold ids in ``[start, end]``."""
+        position = max(bisect.bisect_right(self._starts, start) - 1, 0)
+        found = []
+        while position < len(self._starts) and self._starts[position] <= end:
+            if self._ends[position] >= start:
+                found.append((max(start, self._starts[position]),
+                              min(end, self._ends[position]), self._values[position]))
+            position += 1
+        return found
+
+    def add(self, start: int, end: int, value: V) -> list[tuple[int, int, V]]:
+        """Map the ids of ``[start, end]`` not mapped yet to ``value``; return the clashes
+        (ids already mapped, with their value), which keep their first value."""
+        clashes = self.overlaps(start, end)
+        cursor = start
+        for clash_start, clash_end, _ in clashes:
+            if cursor < clash_start:
+                self._insert(cursor, clash_start - 1, value)
+            cursor = clash_end + 1
+        if cursor <= end:
+            self._insert(cursor, end, value)
+        return clashes
+
+    def _insert(self, start: int, end: int, value: V) -> None:
+        position = bisect.bisect_left(self._starts, start)
+        self._count += end - start + 1
+        # Join a neighbour with the same value, so runs of one step stay one entry.
+        if position > 0 and self._ends[position - 1] == start - 1 \
+                and self._values[position - 1] == value:
+            self._ends[position - 1] = end
+            if position < len(self._starts) and self._starts[position] == end + 1 \
+                    and self._values[position] == value:
+                self._ends[position - 1] = self._ends[position]
+                del self._starts[position], self._ends[position], self._values[position]
+            return
+        if position < len(self._starts) and self._starts[position] == end + 1 \
+                and self._values[position] == value:
+            self._starts[position] = start
+            return
+        self._starts.insert(position, start)
+        self._ends.insert(position, end)
+        self._values.insert(position, value)
+
+    def gaps(self, limit: int) -> Iterator[tuple[int, int]]:
+        """The ranges of ``[0, limit)`` that hold no mapped id."""
+        cursor = 0
+        for start, end in zip(self._starts, self._ends, strict=True):
+            if start >= limit:
+                break
+            if cursor < start:
+                yield cursor, start - 1
+            cursor = max(cursor, end + 1)
+        if cursor < limit:
+            yield cursor, limit - 1
+
+    def count_in(self, start: int, end: int) -> int:
+        """How many ids of ``[start, end]`` are mapped."""
+        return sum(e - s + 1 for s, e, _ in self.overlaps(start, end))
+
+    def to_json(self) -> list[list[Any]]:
+        """``[[start, end, value], ...]`` (values must be JSON-ready)."""
+        return [[s, e, v] for s, e, v in self.ranges()]
+
+    @classmethod
+    def from_json(cls, rows: Iterable[list[Any]]) -> IdMap[Any]:
+        """The inverse of :meth:`to_json` (rows sorted and disjoint, as written)."""
+        mapping: IdMap[Any] = cls()
+        for start, end, value in rows:
+            mapping._starts.append(int(start))
+            mapping._ends.append(int(end))
+            mapping._values.append(value)
+            mapping._count += int(end) - int(start) + 1
+        return mapping
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, IdMap):
+            return self.to_json() == other.to_json()
+        return Mapping.__eq__(self, other)
+
+    def __repr__(self) -> str:
+        return f"IdMap({self.to_json()!r})"
