@@ -29,6 +29,7 @@ __all__ = [
     "Head",
     "RunRecord",
     "event_hash",
+    "payload_problem",
     "validate_payload",
 ]
 
@@ -266,6 +267,28 @@ def validate_payload(kind: str | EventKind, payload: dict[str, Any]) -> tuple[Ev
     # Round-trip through JSON so what is hashed now is exactly what is read back later; redact
     # credentials first, as a hash-chained history can never be scrubbed afterwards.
     return event_kind, json.loads(json.dumps(redact_secrets(model.model_dump(mode="json"))))
+
+
+def payload_problem(kind: str, payload: Any) -> str | None:
+    """Why a stored ``payload`` does not fit ``kind``'s model (None: it fits). What the audit
+    re-checks on every event read back (the append validated it; a raw write may not have).
+    """
+    try:
+        event_kind = EventKind(kind)
+    except ValueError:
+        return f"unknown event kind {kind!r}"
+    if not isinstance(payload, dict):
+        return "payload is not an object"
+    reserved = _RESERVED_PAYLOAD_KEYS & payload.keys()
+    if reserved:
+        return f"payload sets {sorted(reserved)}"
+    try:
+        _PAYLOAD_MODELS[event_kind].model_validate(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "payload"
+        return f"{where}: {first['msg']}"
+    return None
 
 
 @dataclass(frozen=True)

@@ -41,12 +41,22 @@ __all__ = [
     "parse_batch",
     "prompt_digest",
     "prompt_ledger",
+    "stored_prompt_digest",
 ]
 
 
 def prompt_digest(prompt_ids: Iterable[int]) -> str:
     """sha256 over the sorted prompt ids of a step (match a step's exact inputs later)."""
     text = ",".join(str(index) for index in sorted(prompt_ids))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def stored_prompt_digest(trained: object, ranges: Iterable[tuple[int, int]]) -> str:
+    """The :func:`prompt_digest` of a stored ``prompts.trained``: over the flat list as it is
+    (duplicates included, as the writer digested it) if it is one, else over the ranges."""
+    if isinstance(trained, list) and all(type(item) is int for item in trained):
+        return prompt_digest(trained)
+    text = ",".join(",".join(map(str, range(start, end + 1))) for start, end in sorted(ranges))
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 

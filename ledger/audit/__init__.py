@@ -14,6 +14,16 @@ so a run cannot vanish from the audit by losing a row:
 - ``runs.config`` must equal the config hashed into ``run_started`` (``config_mismatch``), and
   hold no credential.
 
+- every read-model snapshot and audit checkpoint must hold the chain's hash at its seq
+  (``snapshot_hash``, ``audit_checkpoint_hash``) and the state the replay has there
+  (``snapshot_mismatch``, ``audit_checkpoint_mismatch``).
+
+With ``since_verified`` the audit starts from the run's newest audit checkpoint whose hash is
+still the chain's hash at its seq (its state restored, :mod:`ledger.audit.state`), so it costs
+O(events since then); without a usable one it verifies the whole run. The report carries each
+run's final state (``final_states``), which a writer stores as the next checkpoint when the run
+audits clean.
+
 A committed version that no ``engines_stamped`` event names is not a problem: it is what a
 death between commit and stamp leaves, and it is reported as a note. The audit imports no
 store: it reads through :class:`AuditSource`.
@@ -22,10 +32,11 @@ store: it reads through :class:`AuditSource`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from ledger.errors import LedgerError, UnknownRunError
 from ledger.audit.event_checks import EventChecker
+from ledger.audit.state import AuditState
 from ledger.events import Event, RunRecord, canonical_json
 from ledger.redact import contains_secret
 from ledger.audit.report import AuditReport, Problem
@@ -48,9 +59,26 @@ class AuditSource(Protocol):
     ) -> Iterable[Event]:
         """The run's events in seq order."""
 
+    def stored_states(self, table: str, run_id: str) -> list[tuple[int, str, Any]]:
+        """(seq, head_hash, state) of the run's snapshots or audit checkpoints."""
+
+    def latest_audit_checkpoint(self, run_id: str, max_seq: int
+                                ) -> tuple[int, str, Any] | None:
+        """The newest audit checkpoint at or below ``max_seq``."""
+
+    def event_hash_at(self, run_id: str, seq: int) -> str | None:
+        """The stored hash of the event at ``seq``."""
+
+    def earlier_keys(self, run_id: str, keys: list[str], before_seq: int) -> dict[str, int]:
+        """key -> seq of events below ``before_seq`` that hold one of ``keys``."""
+
+
+_STORED = (("projection_snapshots", "snapshot"), ("audit_checkpoints", "audit_checkpoint"))
+
 
 def verify(
-    source: AuditSource, run_id: str | None = None, witnesses: Iterable[Witness] = ()
+    source: AuditSource, run_id: str | None = None, witnesses: Iterable[Witness] = (),
+    *, since_verified: bool = False,
 ) -> AuditReport:
     """Audit every run of ``source`` (or only ``run_id``), and check ``witnesses`` against it.
 
@@ -67,12 +95,23 @@ def verify(
     records = _select(source, run_id, set(by_run))
     report = AuditReport(run_ids=[record.run_id for record in records])
     for record in records:
-        checker = EventChecker(record.run_id, by_run.pop(record.run_id, ()))
+        start = _checkpoint(source, record) if since_verified else None
+        checker = EventChecker(
+            record.run_id, by_run.pop(record.run_id, ()), start,
+            None if start is None else
+            (lambda keys, rid=record.run_id, below=start.progress.last_seq + 1:
+             source.earlier_keys(rid, keys, below)),
+        )
+        report.verified_from[record.run_id] = checker.expected_seq
         report.witnesses_checked += len(checker.witnesses)
         checked, readable = _stream(source, record, checker)
         report.events_checked += checked
         report.problems.extend(checker.problems)
         report.problems.extend(_table_problems(record, checker, readable))
+        if readable:
+            progress = checker.state.progress
+            report.final_states[record.run_id] = (
+                progress.last_seq, progress.head_hash, checker.state.to_json())
         if checker.state.unstamped_versions:
             report.unstamped[record.run_id] = checker.state.unstamped_versions
     for missing_run, unseen in by_run.items():  # witnesses of runs the ledger never heard of
@@ -98,25 +137,72 @@ def _select(source: AuditSource, run_id: str | None, witnessed: set[str]) -> lis
     return records
 
 
+def _checkpoint(source: AuditSource, record: RunRecord) -> AuditState | None:
+    """The run's newest usable audit checkpoint (its hash is the chain's at its seq), or None."""
+    head_seq = record.head.seq if record.head is not None else (record.last_event_seq or 0)
+    found = source.latest_audit_checkpoint(record.run_id, head_seq)
+    if found is None:
+        return None
+    seq, head_hash, state = found
+    if source.event_hash_at(record.run_id, seq) != head_hash:
+        return None  # a forged or stale checkpoint: verify everything (the stream names it)
+    try:
+        start = AuditState.from_json(state)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if start.progress.last_seq != seq or start.progress.head_hash != head_hash:
+        return None
+    return start
+
+
 def _stream(source: AuditSource, record: RunRecord, checker: EventChecker) -> tuple[int, bool]:
-    """Feed the run's events to ``checker``: how many were checked, and whether all could be
+    """Feed the run's events (from the checker's start) to ``checker``, and check each stored
+    snapshot and checkpoint at its seq: how many events were checked, and whether all could be
     read."""
     checked = 0
+    first = checker.expected_seq
     try:
-        for event in source.events(record.run_id):
+        stored: dict[int, list[tuple[str, str, Any]]] = {}
+        for table, check in _STORED:
+            for seq, head_hash, state in source.stored_states(table, record.run_id):
+                if seq >= first:
+                    stored.setdefault(seq, []).append((check, head_hash, state))
+        for event in source.events(record.run_id, first):
             checker.check(event)
             checked += 1
+            for check, head_hash, state in stored.pop(event.seq, ()):
+                _check_stored(checker, event, check, head_hash, state)
     except LedgerError as exc:
         checker.problem(checker.expected_seq, "unreadable", str(exc))
         checker.witnesses.clear()  # what is past an unreadable row cannot be judged
         return checked, False
+    for seq, entries in sorted(stored.items()):
+        for check, _, _ in entries:
+            checker.problem(seq, f"{check}_hash", f"a stored {check.replace('_', ' ')} names "
+                            f"seq {seq}, past the run's last event")
     checker.finish()
     return checked, True
 
 
+def _check_stored(checker: EventChecker, event: Event, check: str, head_hash: str,
+                  state: Any) -> None:
+    what = check.replace("_", " ")
+    if head_hash != event.hash:
+        checker.problem(event.seq, f"{check}_hash", f"the {what} at seq {event.seq} holds hash "
+                        f"{str(head_hash)[:12]}, not the chain's {event.hash[:12]}")
+        return
+    folded = (checker.state.progress.to_json() if check == "snapshot"
+              else checker.state.to_json())
+    if state != folded:
+        differing = sorted(key for key in folded if not isinstance(state, dict)
+                           or state.get(key) != folded[key])
+        checker.problem(event.seq, f"{check}_mismatch", f"the {what} at seq {event.seq} "
+                        f"disagrees with the replay ({', '.join(differing[:6]) or 'format'})")
+
+
 def _table_problems(record: RunRecord, checker: EventChecker, readable: bool) -> list[Problem]:
     """The run's rows in ``runs`` and ``run_heads`` against each other and the replay."""
-    state = checker.state
+    state = checker.state.progress
     run_id = record.run_id
     last_seq = state.last_seq or (record.head.seq if record.head else 0)
     problems: list[Problem] = []

@@ -9,17 +9,28 @@ Beside these: a first event that is ``run_started``, known kinds, a non-null ide
 that no other event of the run holds, no credential in any payload, and every witness at its
 seq.
 
-The checker folds each event into the read model (:class:`~ledger.projections.RunState`) after
-checking it, so the table checks in :mod:`ledger.audit` compare the head row with the replay.
+Every payload is re-validated against its kind's model (``payload_invalid``), whatever the
+kind. The checker folds each event into its compact state (:class:`~ledger.audit.state.AuditState`)
+after checking it, so the table checks in :mod:`ledger.audit` compare the head row with the
+replay, and an audit can start from a stored state (``verify --since-verified``): given one,
+the checker continues from it, and idempotency keys are checked against the earlier events by
+``earlier_keys`` (an indexed lookup) instead of a map of every key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from ledger.events import GENESIS_HASH, PUBLISHER_KINDS, Event, EventKind, event_hash
-from ledger.projections import RunState
 from ledger.audit.provenance_checks import ProvenanceChecker
+from ledger.audit.state import AuditState
+from ledger.events import (
+    GENESIS_HASH,
+    PUBLISHER_KINDS,
+    Event,
+    EventKind,
+    event_hash,
+    payload_problem,
+)
 from ledger.redact import contains_secret
 from ledger.audit.report import Problem
 from ledger.audit.witness import Witness, compare
@@ -33,15 +44,18 @@ _PUBLISHER_KIND_VALUES = {kind.value for kind in PUBLISHER_KINDS}
 class EventChecker:
     """Checks one run's events, in seq order, and folds them into :attr:`state`."""
 
-    def __init__(self, run_id: str, witnesses: Iterable[Witness] = ()) -> None:
+    def __init__(self, run_id: str, witnesses: Iterable[Witness] = (),
+                 start: AuditState | None = None,
+                 earlier_keys: Callable[[list[str]], dict[str, int]] | None = None) -> None:
         self.run_id = run_id
-        self.state = RunState(run_id)
+        self.state = start if start is not None else AuditState()
         self.problems: list[Problem] = []
-        self.expected_seq = 1
-        self.prev_hash = GENESIS_HASH
-        self.promoted_cells: set[str] = set()
+        self.expected_seq = self.state.progress.last_seq + 1
+        self.prev_hash = self.state.progress.head_hash
         self.first_event: Event | None = None
         self.key_seqs: dict[str, int] = {}
+        self._earlier_keys = earlier_keys
+        self._pending_keys: list[tuple[str, int]] = []
         self.witnesses: dict[int, list[Witness]] = {}
         self.provenance = ProvenanceChecker(self.problem)
         for witness in witnesses:
@@ -54,6 +68,8 @@ class EventChecker:
         """Check one event (the next in seq order), then fold it into :attr:`state`."""
         if self.first_event is None:
             self.first_event = event
+        if self.state.first_kind is None:
+            self.state.first_kind = event.kind
         self._check_chain(event)
         self._check_key(event)
         if contains_secret(event.payload):
@@ -64,10 +80,15 @@ class EventChecker:
             )
         if event.kind not in _KNOWN_KINDS:
             self.problem(event.seq, "unknown_kind", f"unknown event kind {event.kind!r}")
+            self.state.progress.apply(event)  # the head moves past it (no head_mismatch)
             self._check_witnesses(event)
             return
         if event.seq == 1 and event.kind != EventKind.RUN_STARTED:
             self.problem(event.seq, EventKind.RUN_STARTED.value, f"first event is {event.kind}")
+        if event.kind != EventKind.BATCH_TRAINED:  # batch_malformed names a bad batch
+            invalid = payload_problem(event.kind, event.payload)
+            if invalid is not None:
+                self.problem(event.seq, "payload_invalid", f"{event.kind}: {invalid}")
         if event.kind == EventKind.CELL_PROMOTED:
             self._check_promotion(event)
         if event.kind in _PUBLISHER_KIND_VALUES:
@@ -84,14 +105,27 @@ class EventChecker:
                 self.problem(
                     event.seq, "negative_staleness", f"{negative} negative staleness values"
                 )
-        self.provenance.check(event, self.state)
-        self.state.apply(event)
+        self.provenance.check(event, self.state.progress)
+        self._fold(event)
         self._check_witnesses(event)
 
+    def _fold(self, event: Event) -> None:
+        progress = self.state.progress
+        if event.kind == EventKind.BATCH_TRAINED:
+            progress.apply_batch_event(event, self.provenance.parsed)
+        else:
+            progress.apply(event)
+        if event.kind == EventKind.ENGINES_STAMPED:
+            version = event.payload.get("version")
+            if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
+                self.state.stamped.add(version, version, True)
+
     def finish(self) -> None:
-        """After the last event: witnesses past it saw a ledger that is not here any more."""
+        """After the last event: keys also held by earlier events (an audit that started
+        from a checkpoint), and witnesses past the end (they saw a ledger not here any more)."""
+        self._flush_keys()
         for seq in sorted(self.witnesses):
-            if seq > self.state.last_seq:
+            if seq > self.state.progress.last_seq:
                 for witness in self.witnesses[seq]:
                     self.problems.append(_behind(witness, self.state))
         self.witnesses.clear()
@@ -125,38 +159,53 @@ class EventChecker:
                 f"{event.kind} has no idempotency key (a retry of it could be written twice)",
             )
         elif key in self.key_seqs:
-            self.problem(
-                event.seq, "duplicate_idempotency_key",
-                f"idempotency key {key!r} already names seq {self.key_seqs[key]}",
-            )
+            self._duplicate_key(event.seq, key, self.key_seqs[key])
         else:
             self.key_seqs[key] = event.seq
+            if self._earlier_keys is not None:
+                self._pending_keys.append((key, event.seq))
+                if len(self._pending_keys) >= 500:
+                    self._flush_keys()
+
+    def _flush_keys(self) -> None:
+        if not self._pending_keys or self._earlier_keys is None:
+            return
+        found = self._earlier_keys([key for key, _ in self._pending_keys])
+        for key, seq in self._pending_keys:
+            if key in found:
+                self._duplicate_key(seq, key, found[key])
+        self._pending_keys.clear()
+
+    def _duplicate_key(self, seq: int, key: str, first_seq: int) -> None:
+        self.problem(seq, "duplicate_idempotency_key",
+                     f"idempotency key {key!r} already names seq {first_seq}")
 
     def _check_promotion(self, event: Event) -> None:
-        expected = self.state.epoch + 1
+        expected = self.state.progress.epoch + 1
         if event.epoch != expected:
             self.problem(
                 event.seq, "epoch_order",
                 f"promotion of cell {event.cell_id} to epoch {event.epoch}; expected {expected}",
             )
         if event.cell_id:
-            self.promoted_cells.add(event.cell_id)
+            self.state.promoted_cells.add(event.cell_id)
 
     def _check_publisher_event(self, event: Event) -> None:
-        if event.cell_id not in self.promoted_cells:
+        progress = self.state.progress
+        if event.cell_id not in self.state.promoted_cells:
             self.problem(
                 event.seq, "no_promotion",
                 f"{event.kind} from cell {event.cell_id} that was never promoted",
             )
-        elif event.epoch != self.state.epoch or event.cell_id != self.state.publisher_cell:
+        elif event.epoch != progress.epoch or event.cell_id != progress.publisher_cell:
             self.problem(
                 event.seq, "fenced_write",
                 f"{event.kind} from cell {event.cell_id} epoch {event.epoch}; publisher is "
-                f"cell {self.state.publisher_cell} epoch {self.state.epoch}",
+                f"cell {progress.publisher_cell} epoch {progress.epoch}",
             )
 
     def _check_commit(self, event: Event) -> None:
-        expected = self.state.head_version + 1
+        expected = self.state.progress.head_version + 1
         if event.version != expected:
             self.problem(
                 event.seq, "version_order",
@@ -165,7 +214,9 @@ class EventChecker:
 
     def _check_stamp(self, event: Event) -> None:
         version = event.payload.get("version")
-        if version != 0 and version not in self.state.commits:
+        committed = isinstance(version, int) and not isinstance(version, bool) \
+            and 0 <= version <= self.state.progress.head_version
+        if not committed:
             self.problem(
                 event.seq, "stamp_uncommitted",
                 f"engines stamped with version {version}, which is not committed",
@@ -173,17 +224,17 @@ class EventChecker:
 
     def _check_witnesses(self, event: Event) -> None:
         for witness in self.witnesses.pop(event.seq, ()):
-            problem = compare(witness, event, self.state.head_version)
+            problem = compare(witness, event, self.state.progress.head_version)
             if problem is not None:
                 self.problems.append(problem)
 
 
-def _behind(witness: Witness, state: RunState) -> Problem:
+def _behind(witness: Witness, state: AuditState) -> Problem:
     problem = compare(witness, None, None)
     assert problem is not None
     return Problem(
         problem.run_id, problem.seq, problem.check,
-        f"{witness.describe()}, but the ledger's events end at seq {state.last_seq} (version "
-        f"{state.head_version}): it is older than what the run wrote (restored from a "
+        f"{witness.describe()}, but the ledger's events end at seq {state.progress.last_seq} "
+        f"(version {state.progress.head_version}): it is older than what the run wrote (restored from a "
         "backup?); resuming would reuse versions",
     )

@@ -36,6 +36,9 @@ class AuditReport:
     unstamped: dict[str, list[int]] = field(default_factory=dict)
     events_checked: int = 0
     witnesses_checked: int = 0
+    verified_from: dict[str, int] = field(default_factory=dict)  # run -> first seq checked
+    # run -> (seq, head hash, audit state) at its last event: the next audit checkpoint
+    final_states: dict[str, tuple[int, str, dict]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -10,6 +10,7 @@ in :mod:`ledger.store.connection`; the read queries in :mod:`ledger.store.reads`
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -26,8 +27,16 @@ from ledger.store.reads import READ_PAGE, Reader, RunSummary
 from ledger.redact import redact_secrets, redact_url
 from ledger.audit.report import AuditReport, Problem
 from ledger.audit.witness import Witness, check_witnesses
+from ledger.progress import Progress, load_progress
+from ledger.store.states import store_state
 
-__all__ = ["Ledger", "RunSummary"]
+__all__ = ["DEFAULT_SNAPSHOT_EVERY", "Ledger", "RunSummary"]
+
+log = logging.getLogger("ledger.store")
+# Every K train steps (a batch_trained whose step is a multiple of K) the ledger stores a
+# read-model snapshot and, when the steps since the last audit checkpoint audit clean, a new
+# checkpoint: readers and the end-of-run audit then fold at most K steps.
+DEFAULT_SNAPSHOT_EVERY = 500
 
 _T = TypeVar("_T")
 
@@ -49,18 +58,25 @@ class Ledger:
     """
 
     def __init__(
-        self, engine: sa.Engine, url: sa.URL, *, readonly: bool, retry_seconds: float
+        self, engine: sa.Engine, url: sa.URL, *, readonly: bool, retry_seconds: float,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
     ) -> None:
         self._engine = engine
         self._url = url
         self.readonly = readonly
         self.retry_seconds = retry_seconds
+        self.snapshot_every = snapshot_every
 
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
-    def open(cls, url: str, *, readonly: bool = False, retry_seconds: float = 60.0) -> Ledger:
+    def open(cls, url: str, *, readonly: bool = False, retry_seconds: float = 60.0,
+             snapshot_every: int = DEFAULT_SNAPSHOT_EVERY) -> Ledger:
         """Open the ledger at ``url`` (``sqlite:///PATH`` or ``postgresql+psycopg://...``).
+
+        ``snapshot_every`` (K; 0: never): after appending the ``batch_trained`` of a step that
+        is a multiple of K, a writer stores a read-model snapshot and an audit checkpoint
+        (:meth:`checkpoint`).
 
         A writer creates the schema (or upgrades an old one) through Alembic, under the write
         lock, so several processes may open a fresh database at once. A reader checks that the
@@ -73,7 +89,8 @@ class Ledger:
         """
         parsed = normalise_url(url)
         engine = create_engine(parsed, readonly)
-        ledger = cls(engine, parsed, readonly=readonly, retry_seconds=retry_seconds)
+        ledger = cls(engine, parsed, readonly=readonly, retry_seconds=retry_seconds,
+                     snapshot_every=snapshot_every)
         try:
             migrate.ensure_schema(engine, parsed, readonly=readonly)
         except BaseException:
@@ -201,9 +218,18 @@ class Ledger:
         """
         event_kind, clean_payload = validate_payload(kind, dict(payload or {}))
         key = idempotency_key or f"auto:{uuid.uuid4().hex}"
-        return self._with_retries(
+        stored = self._with_retries(
             self._append_once, run_id, event_kind, clean_payload, cell_id, epoch, key
         )
+        step = clean_payload.get("train_step")
+        if event_kind is EventKind.BATCH_TRAINED and self.snapshot_every > 0 \
+                and isinstance(step, int) and step % self.snapshot_every == 0:
+            try:
+                self.checkpoint(run_id)
+            except LedgerError:  # the event is committed; a later checkpoint catches up
+                log.warning("could not store the snapshot of %s at step %s", run_id, step,
+                            exc_info=True)
+        return stored
 
     def _append_once(
         self,
@@ -345,9 +371,60 @@ class Ledger:
         witnesses = list(witnesses)
         return self._with_retries(self._verify_once, run_id, witnesses)
 
-    def _verify_once(self, run_id: str | None, witnesses: list[Witness]) -> AuditReport:
+    def _verify_once(self, run_id: str | None, witnesses: list[Witness],
+                     since_verified: bool = False) -> AuditReport:
         with self.snapshot() as reader:
-            return audit.verify(reader, run_id, witnesses)
+            return audit.verify(reader, run_id, witnesses, since_verified=since_verified)
+
+    def verify_since_checkpoint(self, run_id: str, *, record: bool = True) -> AuditReport:
+        """Audit ``run_id`` from its newest audit checkpoint (the whole run if it has none
+        usable; see :func:`ledger.audit.verify`), so the cost is O(events since then); with
+        ``record``, a clean audit stores its end state as the next checkpoint. Retried like a
+        read.
+
+        Raises:
+            UnknownRunError: the run is in no table of the ledger.
+            LedgerError: ``record`` on a read-only ledger.
+            LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
+        """
+        report = self._with_retries(self._verify_once, run_id, [], True)
+        if record and report.ok and run_id in report.final_states:
+            seq, head_hash, state = report.final_states[run_id]
+            self._with_retries(self._store, "audit_checkpoints", run_id, seq, head_hash, state)
+        return report
+
+    def progress(self, run_id: str) -> Progress:
+        """The run's :class:`~ledger.progress.Progress` at its head: the newest snapshot whose
+        hash is the chain's, plus a fold of the events after it (from event 1 without one).
+
+        Raises:
+            UnknownRunError: the run has no head row.
+            LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
+        """
+        return self._with_retries(self._progress_once, run_id)
+
+    def _progress_once(self, run_id: str) -> Progress:
+        with self.snapshot() as reader:
+            return load_progress(reader, run_id, reader.head(run_id).seq)[0]
+
+    def checkpoint(self, run_id: str) -> Progress:
+        """Store a read-model snapshot of the run at its head and, if the events since the
+        last audit checkpoint audit clean, a new audit checkpoint; returns the progress.
+        Idempotent (a state already stored at a seq is kept); writes no event.
+
+        Raises:
+            LedgerError: a read-only ledger.
+            LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
+        """
+        progress = self.progress(run_id)
+        self._with_retries(self._store, "projection_snapshots", run_id, progress.last_seq,
+                           progress.head_hash, progress.to_json())
+        self.verify_since_checkpoint(run_id, record=True)
+        return progress
+
+    def _store(self, table: str, run_id: str, seq: int, head_hash: str, state: dict) -> bool:
+        with self._write() as conn:
+            return store_state(conn, table, run_id, seq, head_hash, state)
 
     def witness(self, run_id: str) -> Witness:
         """The run's head as seen now, to record beside a checkpoint or in a metrics line.

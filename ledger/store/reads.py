@@ -18,9 +18,16 @@ import sqlalchemy as sa
 
 from ledger.store.append import row_to_event
 from ledger.errors import LedgerError, UnknownRunError
-from ledger.events import Event, Head, RunRecord
+from ledger.events import Event, EventKind, Head, RunRecord
 from ledger.migrate import current_revision
-from ledger.schema import ledger_events, run_heads, runs
+from ledger.schema import (
+    audit_checkpoints,
+    ledger_events,
+    projection_snapshots,
+    run_heads,
+    runs,
+    version_uses,
+)
 
 __all__ = ["READ_PAGE", "Reader", "RunSummary"]
 
@@ -28,6 +35,9 @@ READ_PAGE = 1_000
 # Built once: building a select costs as much as running it on SQLite, and the rollout path
 # reads the head every drain.
 _HEAD_ROW = sa.select(run_heads).where(run_heads.c.run_id == sa.bindparam("run_id"))
+_HASH_AT = sa.select(ledger_events.c.hash).where(
+    ledger_events.c.run_id == sa.bindparam("run_id"), ledger_events.c.seq == sa.bindparam("seq")
+)
 
 
 @dataclass(frozen=True)
@@ -162,6 +172,105 @@ class Reader:
         ).first()
         with _decoding(f"run {run_id!r}: corrupt event row at version {version}"):
             return None if row is None else row_to_event(row)
+
+    def event_hash_at(self, run_id: str, seq: int) -> str | None:
+        """The stored hash of the event at ``seq`` (None: no such event); one PK lookup."""
+        return self.conn.execute(
+            _HASH_AT, {"run_id": run_id, "seq": seq}
+        ).scalar()
+
+    def batch_at_step(self, run_id: str, train_step: int) -> Event | None:
+        """The first ``batch_trained`` event of ``train_step`` (index on kind and step)."""
+        row = self.conn.execute(
+            sa.select(ledger_events)
+            .where(ledger_events.c.run_id == run_id,
+                   ledger_events.c.kind == EventKind.BATCH_TRAINED.value,
+                   ledger_events.c.train_step == train_step)
+            .order_by(ledger_events.c.seq).limit(1)
+        ).first()
+        with _decoding(f"run {run_id!r}: corrupt batch_trained row of step {train_step}"):
+            return None if row is None else row_to_event(row)
+
+    def step_bounds(self, run_id: str) -> tuple[int | None, int | None]:
+        """The lowest and highest train step a ``batch_trained`` records (index only)."""
+        row = self.conn.execute(
+            sa.select(sa.func.min(ledger_events.c.train_step),
+                      sa.func.max(ledger_events.c.train_step))
+            .where(ledger_events.c.run_id == run_id,
+                   ledger_events.c.kind == EventKind.BATCH_TRAINED.value)
+        ).one()
+        return row[0], row[1]
+
+    def version_uses(self, run_id: str, version: int) -> list[sa.Row]:
+        """(seq, train_step, samples) of every batch that trained on samples of ``version``."""
+        return list(self.conn.execute(
+            sa.select(version_uses.c.seq, version_uses.c.train_step, version_uses.c.samples)
+            .where(version_uses.c.run_id == run_id, version_uses.c.version == version)
+            .order_by(version_uses.c.seq)
+        ))
+
+    def all_version_uses(self, run_id: str, after_seq: int = 0) -> list[sa.Row]:
+        """Every ``version_uses`` row of the run with ``seq > after_seq`` (verify's re-derive)."""
+        return list(self.conn.execute(
+            sa.select(version_uses)
+            .where(version_uses.c.run_id == run_id, version_uses.c.seq > after_seq)
+            .order_by(version_uses.c.seq, version_uses.c.version)
+        ))
+
+    def events_of_kind(self, run_id: str, kind: str, first_seq: int, last_seq: int
+                       ) -> list[Event]:
+        """Events of one kind with ``first_seq <= seq <= last_seq`` (primary-key range)."""
+        query = (sa.select(ledger_events)
+                 .where(ledger_events.c.run_id == run_id, ledger_events.c.kind == kind,
+                        ledger_events.c.seq.between(first_seq, last_seq))
+                 .order_by(ledger_events.c.seq))
+        with _decoding(f"run {run_id!r}: corrupt {kind} row in seq {first_seq}..{last_seq}"):
+            return [row_to_event(row) for row in self.conn.execute(query)]
+
+    def earlier_keys(self, run_id: str, keys: list[str], before_seq: int) -> dict[str, int]:
+        """key -> seq of the events below ``before_seq`` that hold one of ``keys`` (the unique
+        index on run and key)."""
+        rows = self.conn.execute(
+            sa.select(ledger_events.c.idempotency_key, ledger_events.c.seq)
+            .where(ledger_events.c.run_id == run_id, ledger_events.c.seq < before_seq,
+                   ledger_events.c.idempotency_key.in_(keys))
+        )
+        return {row.idempotency_key: row.seq for row in rows}
+
+    def latest_snapshot(self, run_id: str, max_seq: int) -> tuple[int, str, Any] | None:
+        """(seq, head_hash, state) of the newest read-model snapshot at or below ``max_seq``."""
+        return self._latest(projection_snapshots, run_id, max_seq)
+
+    def latest_audit_checkpoint(self, run_id: str, max_seq: int
+                                ) -> tuple[int, str, Any] | None:
+        """(seq, head_hash, state) of the newest audit checkpoint at or below ``max_seq``."""
+        return self._latest(audit_checkpoints, run_id, max_seq)
+
+    def stored_states(self, table: str, run_id: str) -> list[tuple[int, str, Any]]:
+        """Every (seq, head_hash, state) of ``projection_snapshots`` or ``audit_checkpoints``
+        for the run, in seq order (verify checks each)."""
+        chosen = {"projection_snapshots": projection_snapshots,
+                  "audit_checkpoints": audit_checkpoints}[table]
+        rows = self.conn.execute(
+            sa.select(chosen.c.seq, chosen.c.head_hash, chosen.c.state)
+            .where(chosen.c.run_id == run_id).order_by(chosen.c.seq)
+        )
+        with _decoding(f"run {run_id!r}: corrupt {table} row"):
+            return [(row.seq, row.head_hash, _json(row.state)) for row in rows]
+
+    def _latest(self, table: sa.Table, run_id: str, max_seq: int
+                ) -> tuple[int, str, Any] | None:
+        row = self.conn.execute(
+            sa.select(table.c.seq, table.c.head_hash, table.c.state)
+            .where(table.c.run_id == run_id, table.c.seq <= max_seq)
+            .order_by(table.c.seq.desc()).limit(1)
+        ).first()
+        if row is None:
+            return None
+        try:
+            return row.seq, row.head_hash, _json(row.state)
+        except (ValueError, TypeError):
+            return None  # an unreadable state is never trusted; verify names it
 
     def records(self) -> list[RunRecord]:
         """Every run id that any table holds (runs, head rows, events), with what each table
