@@ -17,8 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ledger.errors import LedgerError
-from ledger.id_ranges import expand as expand_ranges
-from ledger.id_ranges import to_ranges
+from ledger.id_ranges import compact
 from ledger.redact import redact_secrets
 
 __all__ = [
@@ -154,13 +153,6 @@ class StalenessSummary(BaseModel):
 PromptIds = list[int | list[int]]
 
 
-def _compact(items: PromptIds) -> list[int | list[int]]:
-    try:
-        return to_ranges(expand_ranges(items))
-    except ValueError as exc:
-        raise ValueError(str(exc)) from None
-
-
 class PromptOutcomes(BaseModel):
     """Which prompts this step settled, and the prompt stream's position after it.
 
@@ -181,12 +173,12 @@ class PromptOutcomes(BaseModel):
     @field_validator("trained")
     @classmethod
     def _compact_trained(cls, items: PromptIds) -> list[int | list[int]]:
-        return _compact(items)
+        return compact(items)
 
     @field_validator("dropped")
     @classmethod
     def _compact_dropped(cls, groups: dict[str, PromptIds]) -> dict[str, list[int | list[int]]]:
-        return {reason: _compact(items) for reason, items in groups.items()}
+        return {reason: compact(items) for reason, items in groups.items()}
 
 
 class BatchTrained(_Payload):
@@ -380,8 +372,25 @@ def event_hash(
     idempotency_key: str | None,
     payload: dict[str, Any],
     recorded_at: datetime,
+    payload_json: str | None = None,
 ) -> str:
-    """The chained hash of one event: ``sha256(canonical(prev_hash, event))``."""
+    """The chained hash of one event: ``sha256(canonical(prev_hash, event))``.
+
+    ``payload_json`` (``canonical_json(payload)``, if the caller has it) is spliced in instead
+    of rendering the payload again: the audit renders each payload once for this and for its
+    credential check.
+    """
+    if payload_json is not None:
+        envelope = canonical_json({
+            "prev_hash": prev_hash, "run_id": run_id, "seq": seq, "kind": kind,
+            "version": version, "cell_id": cell_id, "epoch": epoch,
+            "idempotency_key": idempotency_key, "recorded_at": recorded_at.isoformat(),
+        })
+        # Keys are sorted: "payload" sits right before "prev_hash", and the text ',"prev_hash":'
+        # cannot occur inside an earlier JSON string (its quotes would be escaped).
+        cut = envelope.index(',"prev_hash":')
+        body = f'{envelope[:cut]},"payload":{payload_json}{envelope[cut:]}'
+        return hashlib.sha256(body.encode("utf-8")).hexdigest()
     body = canonical_json(
         {
             "prev_hash": prev_hash,

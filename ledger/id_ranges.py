@@ -13,7 +13,7 @@ import bisect
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
-__all__ = ["IdMap", "RangeItem", "expand", "iter_ranges", "to_ranges"]
+__all__ = ["IdMap", "RangeItem", "compact", "expand", "iter_ranges", "to_ranges"]
 
 V = TypeVar("V")
 RangeItem = int | list[int]
@@ -28,6 +28,35 @@ def to_ranges(ids: Iterable[int]) -> list[RangeItem]:
         else:
             out.append([index, index])
     return [start if start == end else [start, end] for start, end in out]
+
+
+def _is_compact(items: list[Any]) -> bool:
+    """Already in stored form: sorted, disjoint, non-adjacent ranges (the common read)."""
+    previous_end = None
+    for item in items:
+        if type(item) is int:
+            start = end = item
+        elif (type(item) is list and len(item) == 2 and type(item[0]) is int
+              and type(item[1]) is int and item[0] < item[1]):
+            start, end = item
+        else:
+            return False
+        if previous_end is not None and start <= previous_end + 1:
+            return False
+        previous_end = end
+    return True
+
+
+def compact(items: list[Any]) -> list[RangeItem]:
+    """``items`` (ids and ranges, any order) in the stored form :func:`to_ranges` writes;
+    returned as is when already in it.
+
+    Raises:
+        ValueError: an item that is neither an id nor a ``[start, end]`` range.
+    """
+    if _is_compact(items):
+        return list(items)
+    return to_ranges(expand(items))
 
 
 def iter_ranges(items: Iterable[Any]) -> Iterator[tuple[int, int]]:

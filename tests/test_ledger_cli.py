@@ -348,10 +348,10 @@ def test_db_upgrade_creates_and_db_current_reports(tmp_path: Path):
     created = invoke("--db", url, "db", "upgrade", "-o", "json")
     assert created.exit_code == 0, created.output
     assert json.loads(created.stdout)["from"] is None
-    # Revision 0002 (issue 13: idempotency key NOT NULL) is the head now.
-    assert invoke("--db", url, "db", "current").stdout == "0002 (head)\n"
+    # Revision 0003 (issue 22: indexed reads, snapshots, audit checkpoints) is the head now.
+    assert invoke("--db", url, "db", "current").stdout == "0003 (head)\n"
     again = invoke("--db", url, "db", "upgrade")
-    assert "already at 0002" in again.stdout
+    assert "already at 0003" in again.stdout
 
 
 def test_plot_writes_a_png_with_the_staleness_histogram(built_url: str, sqlite_path: Path):

@@ -1,5 +1,7 @@
 """Revision 0002 (idempotency key NOT NULL) upgrades a 0001 database that carries a run, on
-SQLite and PostgreSQL; it refuses, changing nothing, a database holding a NULL key."""
+SQLite and PostgreSQL; it refuses, changing nothing, a database holding a NULL key. Revision
+0003 (derived train_step column, version_uses, snapshots, audit checkpoints) then rewrites no
+row that 0001 held."""
 
 from __future__ import annotations
 
@@ -26,19 +28,28 @@ def invoke(*args: str):
 
 
 def _rows(url: str) -> dict[str, list[tuple]]:
-    """Every row of every ledger table, in primary-key order."""
+    """Every row of every table revision 0001 has (its columns only), in primary-key order."""
     engine = sa.create_engine(url)
     with engine.connect() as conn:
         rows = {
             table.name: [
                 tuple(row) for row in conn.execute(
-                    sa.select(table).order_by(*table.primary_key.columns)
+                    sa.select(*(table.c[name] for name in _COLUMNS_0001[table.name]))
+                    .order_by(*table.primary_key.columns)
                 )
             ]
-            for table in metadata.sorted_tables
+            for table in metadata.sorted_tables if table.name in _COLUMNS_0001
         }
     engine.dispose()
     return rows
+
+
+_COLUMNS_0001 = {
+    "runs": ["run_id", "created_at", "config"],
+    "ledger_events": ["run_id", "seq", "kind", "version", "cell_id", "epoch", "idempotency_key",
+                      "payload", "prev_hash", "hash", "recorded_at"],
+    "run_heads": ["run_id", "last_seq", "head_version", "epoch", "publisher_cell", "head_hash"],
+}
 
 
 def _revision(url: str) -> str:
@@ -62,7 +73,10 @@ def at_0001(ledger_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         upgrade(target, "0001")
         with source_engine.connect() as rows:
             for table in metadata.sorted_tables:
-                values = [dict(row._mapping) for row in rows.execute(sa.select(table))]
+                if table.name not in _COLUMNS_0001:
+                    continue
+                columns = [table.c[name] for name in _COLUMNS_0001[table.name]]
+                values = [dict(row._mapping) for row in rows.execute(sa.select(*columns))]
                 target.execute(table.insert(), values)
     source_engine.dispose()
     target_engine.dispose()
@@ -74,14 +88,14 @@ def test_upgrade_from_0001_keeps_every_row_and_the_chain(at_0001: str):
     with pytest.raises(SchemaError, match="ledger db upgrade"):
         Ledger.open(at_0001, readonly=True)  # a reader never upgrades
     before_current = invoke("--db", at_0001, "db", "current")
-    assert before_current.stdout == "0001 (head is 0002; run `ledger db upgrade`)\n"
+    assert before_current.stdout == "0001 (head is 0003; run `ledger db upgrade`)\n"
     before = _rows(at_0001)
 
     upgraded = invoke("--db", at_0001, "db", "upgrade")
 
     assert upgraded.exit_code == 0, upgraded.output
-    assert upgraded.stdout.endswith(": 0001 -> 0002 (head)\n")
-    assert _revision(at_0001) == head_revision() == "0002"
+    assert upgraded.stdout.endswith(": 0001 -> 0003 (head)\n")
+    assert _revision(at_0001) == head_revision() == "0003"
     assert _rows(at_0001) == before
     assert sum(len(rows) for rows in before.values()) == 1 + 20 + 1
     with Ledger.open(at_0001) as writer:
@@ -136,5 +150,5 @@ def test_downgrade_to_0001_and_back(at_0001: str):
     engine.dispose()
     assert _revision(at_0001) == "0001"
     with Ledger.open(at_0001) as writer:
-        assert writer.schema_revision() == "0002"
+        assert writer.schema_revision() == "0003"
         assert writer.verify().ok

@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterable
 from ledger.audit.provenance_checks import ProvenanceChecker
 from ledger.audit.state import AuditState
 from ledger.events import (
-    GENESIS_HASH,
     PUBLISHER_KINDS,
     Event,
     EventKind,
+    canonical_json,
     event_hash,
     payload_problem,
 )
@@ -70,9 +70,10 @@ class EventChecker:
             self.first_event = event
         if self.state.first_kind is None:
             self.state.first_kind = event.kind
-        self._check_chain(event)
+        payload_json = canonical_json(event.payload)
+        self._check_chain(event, payload_json)
         self._check_key(event)
-        if contains_secret(event.payload):
+        if contains_secret(event.payload, payload_json):
             self.problem(
                 event.seq, "credential",
                 f"{event.kind} payload holds a password (it cannot be scrubbed without "
@@ -130,7 +131,7 @@ class EventChecker:
                     self.problems.append(_behind(witness, self.state))
         self.witnesses.clear()
 
-    def _check_chain(self, event: Event) -> None:
+    def _check_chain(self, event: Event, payload_json: str) -> None:
         if event.seq != self.expected_seq:
             self.problem(
                 event.seq, "seq_gap", f"expected seq {self.expected_seq}, found {event.seq}"
@@ -141,7 +142,7 @@ class EventChecker:
             prev_hash=event.prev_hash, run_id=event.run_id, seq=event.seq, kind=event.kind,
             version=event.version, cell_id=event.cell_id, epoch=event.epoch,
             idempotency_key=event.idempotency_key, payload=event.payload,
-            recorded_at=event.recorded_at,
+            recorded_at=event.recorded_at, payload_json=payload_json,
         )
         if recomputed != event.hash:
             self.problem(

@@ -12,23 +12,20 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from ledger import audit, migrate
+from ledger import migrate
 from ledger.store.append import append_locked, create_run_locked, lock_head
 from ledger.store.connection import create_engine, normalise_url, run_with_retries, transaction
 from ledger.errors import LedgerError, UnknownRunError
 from ledger.events import Event, EventKind, Head, validate_payload
 from ledger.store.reads import READ_PAGE, Reader, RunSummary
 from ledger.redact import redact_secrets, redact_url
-from ledger.audit.report import AuditReport, Problem
-from ledger.audit.witness import Witness, check_witnesses
-from ledger.progress import Progress, load_progress
-from ledger.store.states import store_state
+from ledger.store.audits import AuditReads
 
 __all__ = ["DEFAULT_SNAPSHOT_EVERY", "Ledger", "RunSummary"]
 
@@ -41,7 +38,7 @@ DEFAULT_SNAPSHOT_EVERY = 500
 _T = TypeVar("_T")
 
 
-class Ledger:
+class Ledger(AuditReads):
     """The durable, fenced weight-version ledger of one database (many runs).
 
     Open it with :meth:`open`. A writer creates or upgrades the schema; a reader
@@ -356,95 +353,3 @@ class Ledger:
         """Every run, oldest first."""
         with transaction(self._engine) as conn:
             return Reader(conn).runs()
-
-    def verify(
-        self, run_id: str | None = None, *, witnesses: Iterable[Witness] = ()
-    ) -> AuditReport:
-        """Check every invariant the ledger can see (DESIGN section 4 and every table against
-        the others), for every run or only ``run_id``, in one snapshot; and check
-        ``witnesses`` (see :mod:`ledger.audit.witness`) against it. Retried like a read.
-
-        Raises:
-            UnknownRunError: ``run_id`` is in no table of the ledger.
-            LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
-        """
-        witnesses = list(witnesses)
-        return self._with_retries(self._verify_once, run_id, witnesses)
-
-    def _verify_once(self, run_id: str | None, witnesses: list[Witness],
-                     since_verified: bool = False) -> AuditReport:
-        with self.snapshot() as reader:
-            return audit.verify(reader, run_id, witnesses, since_verified=since_verified)
-
-    def verify_since_checkpoint(self, run_id: str, *, record: bool = True) -> AuditReport:
-        """Audit ``run_id`` from its newest audit checkpoint (the whole run if it has none
-        usable; see :func:`ledger.audit.verify`), so the cost is O(events since then); with
-        ``record``, a clean audit stores its end state as the next checkpoint. Retried like a
-        read.
-
-        Raises:
-            UnknownRunError: the run is in no table of the ledger.
-            LedgerError: ``record`` on a read-only ledger.
-            LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
-        """
-        report = self._with_retries(self._verify_once, run_id, [], True)
-        if record and report.ok and run_id in report.final_states:
-            seq, head_hash, state = report.final_states[run_id]
-            self._with_retries(self._store, "audit_checkpoints", run_id, seq, head_hash, state)
-        return report
-
-    def progress(self, run_id: str) -> Progress:
-        """The run's :class:`~ledger.progress.Progress` at its head: the newest snapshot whose
-        hash is the chain's, plus a fold of the events after it (from event 1 without one).
-
-        Raises:
-            UnknownRunError: the run has no head row.
-            LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
-        """
-        return self._with_retries(self._progress_once, run_id)
-
-    def _progress_once(self, run_id: str) -> Progress:
-        with self.snapshot() as reader:
-            return load_progress(reader, run_id, reader.head(run_id).seq)[0]
-
-    def checkpoint(self, run_id: str) -> Progress:
-        """Store a read-model snapshot of the run at its head and, if the events since the
-        last audit checkpoint audit clean, a new audit checkpoint; returns the progress.
-        Idempotent (a state already stored at a seq is kept); writes no event.
-
-        Raises:
-            LedgerError: a read-only ledger.
-            LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
-        """
-        progress = self.progress(run_id)
-        self._with_retries(self._store, "projection_snapshots", run_id, progress.last_seq,
-                           progress.head_hash, progress.to_json())
-        self.verify_since_checkpoint(run_id, record=True)
-        return progress
-
-    def _store(self, table: str, run_id: str, seq: int, head_hash: str, state: dict) -> bool:
-        with self._write() as conn:
-            return store_state(conn, table, run_id, seq, head_hash, state)
-
-    def witness(self, run_id: str) -> Witness:
-        """The run's head as seen now, to record beside a checkpoint or in a metrics line.
-
-        Raises:
-            UnknownRunError: the run has no head row.
-            LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
-        """
-        return Witness.of_head(run_id, self.head(run_id))
-
-    def check_witnesses(self, witnesses: Iterable[Witness]) -> list[Problem]:
-        """Problems of ``witnesses`` against this ledger (one snapshot): a ledger behind what
-        a witness saw, or diverging from it. Empty: every witness holds. Reads only.
-
-        Raises:
-            LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
-        """
-        witnesses = list(witnesses)
-        return self._with_retries(self._check_witnesses_once, witnesses)
-
-    def _check_witnesses_once(self, witnesses: list[Witness]) -> list[Problem]:
-        with self.snapshot() as reader:
-            return check_witnesses(reader, witnesses)

@@ -101,6 +101,36 @@ def _record(
     )
 
 
+# Event pages are read as plain text SQL, without SQLAlchemy's result processing: decoding
+# the time and the JSON here is several times cheaper per row, and verify reads every row.
+_EVENT_COLUMNS = ("run_id, seq, kind, version, cell_id, epoch, idempotency_key, payload, "
+                  "prev_hash, hash, recorded_at")
+_EVENT_PAGE = sa.text(
+    f"SELECT {_EVENT_COLUMNS} FROM ledger_events WHERE run_id = :run_id AND seq >= :first "
+    "AND seq <= :last ORDER BY seq LIMIT :limit"
+)
+_NO_END = 2**62
+
+
+def _raw_event(row: Any) -> Event:
+    """An event from a raw row (SQLite: JSON and time as text; PostgreSQL: decoded).
+
+    Raises:
+        ValueError, TypeError: corrupt JSON or time.
+    """
+    (run_id, seq, kind, version, cell_id, epoch, key, payload, prev_hash, digest,
+     recorded_at) = row
+    if not isinstance(payload, dict):
+        payload = json.loads(payload)
+        if not isinstance(payload, dict):
+            raise ValueError("payload is not a JSON object")
+    if not isinstance(recorded_at, datetime):
+        recorded_at = datetime.fromisoformat(recorded_at)
+    return Event(run_id=run_id, seq=seq, kind=kind, payload=payload, recorded_at=recorded_at,
+                 prev_hash=prev_hash, hash=digest, version=version, cell_id=cell_id,
+                 epoch=epoch, idempotency_key=key)
+
+
 def head_from_row(row: Any) -> Head:
     """A ``run_heads`` row as a :class:`Head`."""
     return Head(row.head_version, row.epoch, row.publisher_cell, row.last_seq, row.head_hash)
@@ -136,16 +166,12 @@ class Reader:
         Raises:
             LedgerError: a row that cannot be decoded (corrupt JSON or time).
         """
-        query = (
-            sa.select(ledger_events)
-            .where(ledger_events.c.run_id == run_id, ledger_events.c.seq >= start_seq)
-            .order_by(ledger_events.c.seq)
-            .limit(limit)
-        )
-        if end_seq is not None:
-            query = query.where(ledger_events.c.seq <= end_seq)
+        rows = self.conn.execute(_EVENT_PAGE, {
+            "run_id": run_id, "first": start_seq, "limit": limit,
+            "last": end_seq if end_seq is not None else _NO_END,
+        })
         with _decoding(f"run {run_id!r}: corrupt event row at or after seq {start_seq}"):
-            return [row_to_event(row) for row in self.conn.execute(query)]
+            return [_raw_event(row) for row in rows]
 
     def events(
         self, run_id: str, start_seq: int = 1, end_seq: int | None = None
