@@ -53,8 +53,11 @@ $(GPU_INSTALLED): $(INSTALLED)
 gpu-check: install
 	$(BIN)/python bench/gpu_check.py $(ARGS)
 
+# The job audits its ledger incrementally at the end (from its last audit checkpoint); the
+# full audit of the newest run's ledger (every event from 1, and its witnesses) closes `make run`.
 run: install
 	$(BIN)/orchestrator run
+	$(BIN)/ledger verify --witness "$$(ls -td runs/*/ | head -1)"
 
 test: install-vllm
 	$(BIN)/python -m pytest -m "not slow" -q -ra --durations=25
@@ -66,6 +69,7 @@ drills: install-vllm
 # table and asserts nothing. `make bench ARGS=--quick` is a smoke run of the first five.
 bench: install
 	$(BIN)/python bench/ledger_append.py $(ARGS)
+	$(BIN)/python bench/ledger_growth.py $(ARGS)
 	$(BIN)/python bench/drain.py $(ARGS)
 	$(BIN)/python bench/weight_update.py $(ARGS)
 	$(BIN)/python bench/async_vs_sync.py $(ARGS)

@@ -254,6 +254,14 @@ def verify(
     all_runs: Annotated[
         bool, typer.Option("--all-runs", hidden=True, help="Every run (the default).")
     ] = False,
+    since_verified: Annotated[
+        bool,
+        typer.Option(
+            "--since-verified",
+            help="Check each run from its newest audit checkpoint (the seq and hash last "
+            "verified clean, hash re-checked against the chain) instead of from event 1.",
+        ),
+    ] = False,
     db: DbOption = None,
     run: Annotated[
         str | None, typer.Option("--run", help="Only this run (default: every run).")
@@ -265,7 +273,7 @@ def verify(
         url, run_id = _target(ctx, db, run, witness)
         if all_runs and run_id is not None:
             raise query.QueryError("verify: give --run RUN or --all-runs, not both")
-        answer = query.verify(url, run_id, witness)
+        answer = query.verify(url, run_id, witness, since_verified)
     render.print_verify(answer, output.value, sys.stdout)
     if not answer["ok"]:
         raise typer.Exit(EXIT_PROBLEMS)

@@ -13,12 +13,15 @@ from the ledger alone: commits (who produced a version), ``engines_stamped`` (wh
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from ledger.cli.args import QueryError
 from ledger.epochs import dataset_rows, epoch_account
+from ledger.progress import Progress
 from ledger.projections import RunState
-from ledger.provenance import BatchView
+from ledger.events import Event
+from ledger.provenance import BatchView, PromptLedger
 
 __all__ = ["prompt_account", "step_lineage", "summary_line", "version_lineage"]
 
@@ -30,20 +33,17 @@ def _time(state: RunState, version: int) -> str | None:
 
 def version_lineage(state: RunState, version: int) -> dict[str, Any]:
     """Who produced ``version`` (0: the initial weights of ``run_started``), the steps that
-    trained on samples generated under it, and the engines stamped with it.
+    trained on samples generated under it, and the engines stamped with it (from a full
+    fold; :mod:`ledger.cli.lineage_query` answers the same from indexed lookups).
 
     Raises:
         QueryError: ``version`` is not a version of the run.
     """
-    if not 0 <= version <= state.head_version:
-        raise QueryError(f"run {state.run_id!r} has no version {version} (head version is "
-                         f"{state.head_version})")
+    check_version(state.run_id, version, state.head_version)
     commit = state.commits.get(version)
     produced_by: dict[str, Any] | None
     if version == 0:
-        produced_by = {"initial": True, "seq": 1, "cell_id": None, "epoch": None,
-                       "train_step": 0, "transport": None, "adapter": None, "checksum": None,
-                       "recorded_at": state.started_at.isoformat() if state.started_at else None}
+        produced_by = initial_weights(state.started_at)
     elif commit is None:  # a damaged ledger: `ledger verify` names it
         produced_by = None
     else:
@@ -58,19 +58,46 @@ def version_lineage(state: RunState, version: int) -> dict[str, Any]:
                            "seq": batch.seq, "produced_version": batch.produced_version})
     engines = [{"engine_id": engine_id, "seq": seq}
                for engine_id, seq in sorted(state.stamps.get(version, {}).items())]
+    scored = [row for row in eval_rows(state) if row["version"] == version]
+    return version_answer(version, produced_by, trained_by, engines, scored)
+
+
+def check_version(run_id: str, version: int, head_version: int) -> None:
+    """Raises QueryError unless ``0 <= version <= head_version``."""
+    if not 0 <= version <= head_version:
+        raise QueryError(f"run {run_id!r} has no version {version} (head version is "
+                         f"{head_version})")
+
+
+def initial_weights(started_at: Any) -> dict[str, Any]:
+    """The ``produced_by`` of version 0 (the weights ``run_started`` launched engines with)."""
+    return {"initial": True, "seq": 1, "cell_id": None, "epoch": None, "train_step": 0,
+            "transport": None, "adapter": None, "checksum": None,
+            "recorded_at": started_at.isoformat() if started_at else None}
+
+
+def version_answer(version: int, produced_by: dict[str, Any] | None,
+                   trained_by: list[dict[str, Any]], engines: list[dict[str, Any]],
+                   evals: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The ``lineage V`` answer from its parts (trained_by in step order, engines by id, the
+    eval rows of V)."""
     answer = {"version": version, "produced_by": produced_by, "trained_by": trained_by,
               "trained_samples": sum(row["samples"] for row in trained_by), "engines": engines}
-    scored = [row for row in eval_rows(state) if row["version"] == version]
-    if scored:  # only runs with --eval-prompt-data have the key
-        answer["evals"] = scored
+    if evals:  # only runs with --eval-prompt-data have the key
+        answer["evals"] = evals
     answer["summary"] = summary_line(answer)
     return answer
 
 
 def eval_rows(state: RunState) -> list[dict[str, Any]]:
     """Every ``eval_finished`` event: set, version, step, digest, metrics (seq order)."""
+    return eval_rows_of(state.evals)
+
+
+def eval_rows_of(events: Iterable[Event]) -> list[dict[str, Any]]:
+    """:func:`eval_rows` of these ``eval_finished`` events."""
     rows = []
-    for event in state.evals:
+    for event in events:
         payload = event.payload
         if not isinstance(payload.get("metrics"), dict):
             continue  # malformed: `ledger verify` reads payloads, not this listing
@@ -124,7 +151,7 @@ def _batch(batch: BatchView) -> dict[str, Any]:
         "mixed_version_samples": batch.mixed_version_samples,
         "prompt_digest": batch.prompt_digest,
         "prompts": {
-            "trained": len(batch.prompts_trained),
+            "trained": batch.trained_count,
             "dropped": {reason: len(ids) for reason, ids in sorted(batch.prompts_dropped.items())},
             "recycled": batch.recycled,
             "next_index": batch.next_index,
@@ -132,23 +159,23 @@ def _batch(batch: BatchView) -> dict[str, Any]:
     }
 
 
-def step_lineage(state: RunState, train_step: int) -> dict[str, Any]:
-    """What fed ``train_step``: versions with sample counts, staleness, groups and samples,
-    the prompt digest, and the version it produced.
+def step_lineage(run_id: str, batch: BatchView | None, train_step: int,
+                 recorded: tuple[int | None, int | None]) -> dict[str, Any]:
+    """What fed ``train_step`` (its batch, None: unrecorded): versions with sample counts,
+    staleness, groups and samples, the prompt digest, and the version it produced.
 
     Raises:
-        QueryError: no ``batch_trained`` event records that step.
+        QueryError: no ``batch_trained`` event records that step (``recorded``: the lowest
+            and highest steps recorded).
     """
-    batch = state.batches.get(train_step)
     if batch is None:
-        recorded = sorted(state.batches)
-        known = f"steps {recorded[0]}..{recorded[-1]}" if recorded else "none"
-        raise QueryError(f"run {state.run_id!r} has no batch_trained for step {train_step} "
+        known = f"steps {recorded[0]}..{recorded[1]}" if recorded[0] is not None else "none"
+        raise QueryError(f"run {run_id!r} has no batch_trained for step {train_step} "
                          f"(recorded: {known})")
     return _batch(batch)
 
 
-def prompt_account(state: RunState) -> dict[str, Any]:
+def prompt_account(state: Progress, config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Prompts issued, trained, dropped by reason, recycled, and in flight at the last event,
     with the balance ``issued == trained + dropped + in flight``."""
     prompts = state.prompts
@@ -156,7 +183,6 @@ def prompt_account(state: RunState) -> dict[str, Any]:
     dropped = prompts.dropped_by_reason()
     trained = len(prompts.trained)
     dropped_total = sum(dropped.values())
-    last = state.batches.get(prompts.last_step)
     return {
         "issued": prompts.issued,
         "trained": trained,
@@ -167,19 +193,20 @@ def prompt_account(state: RunState) -> dict[str, Any]:
         "in_flight_prompts": in_flight,
         "carried_over": prompts.carried_over,
         "resumes": prompts.resumes,
-        "steps_recorded": len(state.batches),
+        "steps_recorded": len(state.steps),
         "last_step": prompts.last_step,
-        "last_step_seq": last.seq if last else None,
+        "last_step_seq": state.last_step_seq,
         "balanced": prompts.issued == trained + dropped_total + len(in_flight),
         "outcome": state.outcome,
-        **_epochs(state),
+        **_epochs(state.prompts, config),
     }
 
 
-def _epochs(state: RunState) -> dict[str, Any]:
-    """A data-set run's per-epoch account (``epochs``); nothing for the built-in task."""
-    rows = dataset_rows(state.config)
-    if rows is None:
+def _epochs(prompts: PromptLedger, config: dict[str, Any] | None) -> dict[str, Any]:
+    """A data-set run's per-epoch account (``epochs``; ``config``: run_started's); nothing
+    for the built-in task."""
+    rows = dataset_rows(config)
+    if rows is None or config is None:
         return {}
-    return {"dataset": state.config["dataset"],
-            "epochs": [epoch.to_json() for epoch in epoch_account(state.prompts, rows)]}
+    return {"dataset": config["dataset"],
+            "epochs": [epoch.to_json() for epoch in epoch_account(prompts, rows)]}

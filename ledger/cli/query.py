@@ -31,12 +31,13 @@ from typing import Any
 import sqlalchemy as sa
 
 from ledger import audit
-from ledger.cli import lineage as lineage_answers
+from ledger.cli.lineage_query import version_lineage
 from ledger.cli.args import QueryError, database_url, parse_kinds, parse_range, parse_time
 from ledger.errors import UnknownRunError
-from ledger.events import Event, EventKind, Head
+from ledger.events import Event, EventKind
 from ledger.migrate import head_revision
 from ledger.projections import RunState, fold
+from ledger.cli.session import run_header, select_run, snapshot
 from ledger.store.reads import Reader
 from ledger.store import Ledger
 from ledger.audit.witness import read_witnesses
@@ -61,48 +62,6 @@ __all__ = [
 # ---------------------------------------------------------------------- reading
 
 
-@contextmanager
-def _snapshot(url: str) -> Iterator[tuple[Ledger, Reader]]:
-    """The ledger at ``url``, read-only, and one snapshot of it for the whole answer."""
-    with Ledger.open(url, readonly=True) as ledger, ledger.snapshot() as reader:
-        yield ledger, reader
-
-
-def _select_run(ledger: Ledger, reader: Reader, run_id: str | None) -> tuple[str, Head]:
-    """The run asked for, else the only or newest run; with its head row.
-
-    Raises:
-        QueryError: no runs; an unknown run; a run without a head row (damaged).
-    """
-    if run_id is None:
-        run_id = reader.newest_run_id()
-        if run_id is None:
-            raise QueryError(f"{ledger.url} has no runs yet")
-    try:
-        return run_id, reader.head(run_id)
-    except UnknownRunError:
-        if reader.run_record(run_id) is not None:
-            raise QueryError(
-                f"run {run_id!r} is broken: it has no head row (see `ledger verify --run "
-                f"{run_id}`)"
-            ) from None
-        known = [summary.run_id for summary in reader.runs()]
-        listed = ", ".join(known[-5:]) if known else "none"
-        raise QueryError(f"unknown run {run_id!r} (runs: {listed})") from None
-
-
-def run_header(run_id: str, head: Head) -> dict[str, Any]:
-    """The etcd-style header of a one-run answer: the head row it was read at."""
-    return {
-        "run_id": run_id,
-        "seq": head.seq,
-        "version": head.version,
-        "epoch": head.epoch,
-        "publisher_cell": head.publisher_cell,
-        "head_hash": head.hash,
-    }
-
-
 def _database_header(ledger: Ledger, reader: Reader, run_count: int) -> dict[str, Any]:
     return {
         "backend": ledger.backend,
@@ -118,8 +77,8 @@ def _time(moment: datetime | None) -> str | None:
 
 def replay(url: str, run_id: str | None) -> tuple[dict[str, Any], RunState]:
     """The run's header and its state (the read model) folded from every event up to it."""
-    with _snapshot(url) as (ledger, reader):
-        run_id, head = _select_run(ledger, reader, run_id)
+    with snapshot(url) as (ledger, reader):
+        run_id, head = select_run(ledger, reader, run_id)
         return run_header(run_id, head), fold(run_id, reader.events(run_id, 1, head.seq))
 
 
@@ -157,8 +116,8 @@ _NO_NODE = {"node_id": None, "host": None}
 def _replay_with_nodes(url: str, run_id: str | None
                        ) -> tuple[dict[str, Any], RunState, _Nodes]:
     """:func:`replay`, plus where each cell and engine was last recorded (one snapshot)."""
-    with _snapshot(url) as (ledger, reader):
-        run_id, head = _select_run(ledger, reader, run_id)
+    with snapshot(url) as (ledger, reader):
+        run_id, head = select_run(ledger, reader, run_id)
         events = list(reader.events(run_id, 1, head.seq))
     return run_header(run_id, head), fold(run_id, events), _Nodes.of(events)
 
@@ -169,7 +128,7 @@ def _replay_with_nodes(url: str, run_id: str | None
 def runs(url: str) -> dict[str, Any]:
     """Every run, oldest first, with its head; damaged runs too, marked ``broken`` with what
     they lack. The header names the default (newest) run."""
-    with _snapshot(url) as (ledger, reader):
+    with snapshot(url) as (ledger, reader):
         summaries = reader.runs()
         header = _database_header(ledger, reader, len(summaries))
         header["default_run"] = reader.newest_run_id()
@@ -193,8 +152,8 @@ def runs(url: str) -> dict[str, Any]:
 
 def status(url: str, run_id: str | None) -> dict[str, Any]:
     """The run's head row, plus where it lives (backend, URL, schema revision)."""
-    with _snapshot(url) as (ledger, reader):
-        run_id, head = _select_run(ledger, reader, run_id)
+    with snapshot(url) as (ledger, reader):
+        run_id, head = select_run(ledger, reader, run_id)
         revision = reader.schema_revision()
         return {
             "header": run_header(run_id, head),
@@ -243,8 +202,8 @@ def log(
     wanted_cells = frozenset(cells or ())
     after = parse_time(since, "--since")
     before = parse_time(until, "--until")
-    with _snapshot(url) as (ledger, reader):
-        run_id, head = _select_run(ledger, reader, run_id)
+    with snapshot(url) as (ledger, reader):
+        run_id, head = select_run(ledger, reader, run_id)
         first, final = parsed_range.resolve(head.seq)
 
         def matching() -> Iterator[Event]:
@@ -272,8 +231,8 @@ def show(
         raise QueryError("show needs a VERSION or --seq N")
     if version is not None and seq is not None:
         raise QueryError("show takes a VERSION or --seq N, not both")
-    with _snapshot(url) as (ledger, reader):
-        run_id, head = _select_run(ledger, reader, run_id)
+    with snapshot(url) as (ledger, reader):
+        run_id, head = select_run(ledger, reader, run_id)
         event: Event | None
         if seq is not None:
             if not 1 <= seq <= head.seq:
@@ -295,26 +254,27 @@ def show(
             raise QueryError(f"{missing} (run `ledger verify`)")
         answer = {"header": run_header(run_id, head), "event": event.to_dict()}
         if version is not None:  # one line: who produced it, who trained on it, who served it
-            state = fold(run_id, reader.events(run_id, 1, head.seq))
-            answer["lineage"] = lineage_answers.version_lineage(state, version)["summary"]
+            answer["lineage"] = version_lineage(reader, run_id, head, version)["summary"]
         return answer
 
 
-def verify(url: str, run_id: str | None, witnesses: list[str] | None = None) -> dict[str, Any]:
+def verify(url: str, run_id: str | None, witnesses: list[str] | None = None,
+           since_verified: bool = False) -> dict[str, Any]:
     """Audit every run (or only ``run_id``) in one snapshot, and check the witnesses found at
     each of ``witnesses`` (run directories, checkpoints, witness or metrics files): problems
-    break invariants, notes do not.
+    break invariants, notes do not. With ``since_verified`` each run is checked from its
+    newest audit checkpoint whose hash is still the chain's (``verified_from`` says where).
 
     Raises:
         QueryError: an unknown run.
         LedgerError: a witness path with no witness, or a malformed one.
     """
     found = [witness for path in witnesses or () for witness in read_witnesses(path)]
-    with _snapshot(url) as (ledger, reader):
+    with snapshot(url) as (ledger, reader):
         try:
-            report = audit.verify(reader, run_id, found)
+            report = audit.verify(reader, run_id, found, since_verified=since_verified)
         except UnknownRunError:
-            _select_run(ledger, reader, run_id)  # raises the listing error
+            select_run(ledger, reader, run_id)  # raises the listing error
             raise
         header = _database_header(ledger, reader, len(report.run_ids))
     return {
@@ -322,6 +282,7 @@ def verify(url: str, run_id: str | None, witnesses: list[str] | None = None) -> 
         "ok": report.ok,
         "runs": list(report.run_ids),
         "events_checked": report.events_checked,
+        **({"verified_from": report.verified_from} if since_verified else {}),
         "witnesses_checked": report.witnesses_checked,
         "problems": [
             {

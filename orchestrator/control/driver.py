@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ledger import EventKind, Ledger, LedgerError, fold
+from ledger import EventKind, Ledger, LedgerError
 from ledger.run_layout import (
     DEFAULT_RUNS_DIR,
     NEGATIVE_STALENESS_KEY,
@@ -242,15 +242,15 @@ class TrainingJob:
         checkpoint are not trained again, their weight updates are what the rollback loses)
         and the rollout manager's state file.
         """
-        state = fold(self.run_id, self.ledger.events(self.run_id))
-        if not state.checkpoints:
+        # From the newest read-model snapshot plus the events after it, not a fold of the run.
+        progress = self.ledger.progress(self.run_id)
+        if progress.last_checkpoint is None:
             raise StartupError(f"run {self.run_id} has no checkpoint to resume from")
+        checkpoint_path = progress.last_checkpoint["payload"]["path"]
         # Readable by the driver and every cell, or nothing is promoted (one line, exit 2).
-        self.supervisor.storage.require_readable(state.checkpoints[-1].payload["path"],
-                                                 self.supervisor.cells)
+        self.supervisor.storage.require_readable(checkpoint_path, self.supervisor.cells)
         self.supervisor.take_over(reason="resume")
-        summary = self.supervisor.cells.load_checkpoint(
-            state.checkpoints[-1].payload["path"])
+        summary = self.supervisor.cells.load_checkpoint(checkpoint_path)
         manager_state = self.supervisor.storage.manager_state_from_ledger_path
         prompts = write_manager_state_from_ledger(self.ledger, self.run_id, manager_state)
         self.provenance.forget_dropped(prompts.dropped)
@@ -384,16 +384,17 @@ class TrainingJob:
             "negative_staleness_total": self.negative_staleness_total,
             "prompts_unaccounted": manager_metrics.get(PROMPTS_UNACCOUNTED_KEY, 0),
         })
-        report = self.ledger.verify(self.run_id)
+        # O(events since the last audit checkpoint); `make run` ends with a full `ledger verify`.
+        report = self.ledger.verify_since_checkpoint(self.run_id)
         plot_path = self._draw_plot() if self.options.plot else None
-        state = fold(self.run_id, self.ledger.events(self.run_id))
+        state = self.ledger.progress(self.run_id)
         reward_first, reward_last = self.recorder.reward_window()
         return JobResult(
             run_id=self.run_id, run_dir=self.layout.run_dir, ledger_url=self.ledger_url,
             metrics_path=self.layout.metrics_path, plot_path=plot_path,
             steps=len(self.recorder.rewards), head_version=state.head_version,
             wall_s=self.recorder.wall_s, reward_first=reward_first, reward_last=reward_last,
-            promotions=len(state.promotions),
+            promotions=state.promotions,
             negative_staleness_total=self.negative_staleness_total,
             audit_problems=[str(problem) for problem in report.problems],
         )

@@ -48,7 +48,7 @@ def write_manager_state_from_ledger(ledger: Ledger, run_id: str, path: Path, *,
     Raises:
         OSError: the file could not be written.
     """
-    accounting = prompt_ledger(ledger.events(run_id))
+    accounting = ledger.progress(run_id).prompts  # newest snapshot + the events after it
     held_set = set(held)
     pending = [index for index in accounting.in_flight if index not in held_set]
     settled_held = len(held_set & set(accounting.in_flight))
