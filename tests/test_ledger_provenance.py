@@ -26,7 +26,8 @@ NEXT_SEQ = 22  # run-b ends at seq 21 (run_finished); a planted event lands here
 PROVENANCE_CHECKS = {
     "batch_malformed", "step_twice", "version_above_head", "produced_uncommitted",
     "negative_staleness", "prompt_trained_twice", "prompt_trained_and_dropped",
-    "prompt_past_stream", "prompt_carry_over", "prompt_balance",
+    "prompt_past_stream", "prompt_carry_over", "prompt_balance", "samples_mismatch",
+    "staleness_mismatch", "prompt_digest_mismatch", "resume_ledger_step",
 }
 
 
@@ -143,6 +144,42 @@ DAMAGE: dict[str, tuple[Callable[[str], None], list[tuple[int, str]]]] = {
             "steps": 4, "negative_staleness_total": 0, "prompts_unaccounted": 3}),
         [(NEXT_SEQ, "prompt_balance")],
     ),
+    # Claims verify re-derives from the ledger's own rows (issue 22): an independent raw-SQL
+    # audit found each of these passing before.
+    "a prompt_digest that is not the digest of the prompts trained": (
+        plant_batch(prompt_digest="sha256:" + "0" * 64), [(NEXT_SEQ, "prompt_digest_mismatch")],
+    ),
+    "a recorded step whose prompts were rewritten, digest kept (raw UPDATE)": (
+        edit_payload(20, _set(["prompts", "trained"], [[7, 9]])),
+        [(20, "prompt_digest_mismatch"), (20, "hash_mismatch")],
+    ),
+    "a resume whose ledger_step is not the ledger's last step": (
+        lambda url: plant_event(url, RUN, kind="run_resumed", payload={
+            "checkpoint_step": 4, "checkpoint_version": 4, "head_version": 4,
+            "ledger_step": 3, "prompts_carried_over": 2, "next_prompt_index": 11}),
+        [(NEXT_SEQ, "resume_ledger_step")],
+    ),
+    "samples that disagree with sample_versions": (
+        plant_batch(samples=9), [(NEXT_SEQ, "samples_mismatch")],
+    ),
+    "a staleness avg that disagrees with sample_versions": (
+        plant_batch(staleness={"min": 0, "avg": 0.5, "max": 1}),
+        [(NEXT_SEQ, "staleness_mismatch")],
+    ),
+    "a staleness span wider than the versions trained": (
+        plant_batch(staleness={"min": 0, "avg": 1.25, "max": 2}),
+        [(NEXT_SEQ, "staleness_mismatch")],
+    ),
+    "a forged cell_state payload": (
+        lambda url: plant_event(url, RUN, kind="cell_state", cell_id="c0",
+                                payload={"state": "zombie"}),
+        [(NEXT_SEQ, "payload_invalid")],
+    ),
+    "a forged weight_update_started payload": (
+        lambda url: plant_event(url, RUN, kind="weight_update_started", cell_id="c1", epoch=2,
+                                payload={"train_step": -3, "transport": "full"}),
+        [(NEXT_SEQ, "payload_invalid")],
+    ),
     "a recorded step rewritten to a version above its head (raw UPDATE)": (
         edit_payload(16, _set(["sample_versions"], {"1": 2, "4": 6})),  # head was 3
         [(16, "version_above_head"), (16, "hash_mismatch")],
@@ -218,3 +255,13 @@ def test_lineage_of_an_unrecorded_step_or_version_is_a_one_line_error(built: str
         step.stderr)
     assert version.exit_code == 2 and "has no version 7 (head version is 4)" in version.stderr
     assert neither.exit_code == 2 and "VERSION or --step N" in neither.stderr
+
+
+def test_an_unknown_kind_is_named_without_a_spurious_head_mismatch(built: str):
+    plant_event(built, RUN, kind="telemetry", payload={"note": "from a newer writer"})
+
+    with Ledger.open(built, readonly=True) as reader:
+        report = reader.verify(RUN)
+
+    checks = {(problem.seq, problem.check) for problem in report.problems}
+    assert checks == {(NEXT_SEQ, "unknown_kind")}, report.problems

@@ -21,8 +21,10 @@ problem by run and seq:
 - ``prompt_trained_twice``, ``prompt_trained_and_dropped``: a prompt settled twice;
 - ``prompt_past_stream``: a trained or dropped prompt id at or past the stream position the
   same event records (or below 0): a prompt that was never issued;
-- ``prompt_carry_over``: a ``run_resumed`` whose ``prompts_carried_over``,
-  ``next_prompt_index`` or ``ledger_step`` differs from the ledger's account at its seq;
+- ``prompt_carry_over``: a ``run_resumed`` whose ``prompts_carried_over`` or
+  ``next_prompt_index`` differs from the ledger's account at its seq (prompts lost or skipped);
+- ``resume_ledger_step``: a ``run_resumed`` whose ``ledger_step`` is not the ledger's last
+  trained step at its seq;
 - ``prompt_balance`` (at each ``run_finished``): issued == trained + dropped + in flight, with
   in flight the issued prompts neither trained nor dropped (carried-over prompts among them),
   ``prompts_unaccounted`` (the rollout manager's own count) zero, and, when the event carries
@@ -174,7 +176,7 @@ class ProvenanceChecker:
                         f"resume continued the prompt stream at {position}; the ledger's "
                         f"position was {prompts.next_index}")
         if ledger_step is not None and ledger_step != prompts.last_step:
-            self.report(event.seq, "prompt_carry_over",
+            self.report(event.seq, "resume_ledger_step",
                         f"resume records ledger step {ledger_step}; the ledger's last trained "
                         f"step was {prompts.last_step}")
 
