@@ -20,7 +20,9 @@ so a run cannot vanish from the audit by losing a row:
 
 With ``since_verified`` the audit starts from the run's newest audit checkpoint whose hash is
 still the chain's hash at its seq (its state restored, :mod:`ledger.audit.state`), so it costs
-O(events since then); without a usable one it verifies the whole run. The report carries each
+O(events since then); a checkpoint that fails that test is skipped (and named: the stream
+checks every stored state after the start), and without a usable one the whole run is checked.
+What a trusted checkpoint's state claims is re-checked only by a full verify. The report carries each
 run's final state (``final_states``), which a writer stores as the next checkpoint when the run
 audits clean.
 
@@ -137,22 +139,26 @@ def _select(source: AuditSource, run_id: str | None, witnessed: set[str]) -> lis
     return records
 
 
-def _checkpoint(source: AuditSource, record: RunRecord) -> AuditState | None:
-    """The run's newest usable audit checkpoint (its hash is the chain's at its seq), or None."""
-    head_seq = record.head.seq if record.head is not None else (record.last_event_seq or 0)
-    found = source.latest_audit_checkpoint(record.run_id, head_seq)
-    if found is None:
-        return None
-    seq, head_hash, state = found
-    if source.event_hash_at(record.run_id, seq) != head_hash:
-        return None  # a forged or stale checkpoint: verify everything (the stream names it)
-    try:
-        start = AuditState.from_json(state)
-    except (KeyError, TypeError, ValueError):
-        return None
-    if start.progress.last_seq != seq or start.progress.head_hash != head_hash:
-        return None
-    return start
+def _checkpoint(source: AuditSource, record: RunRecord, tries: int = 16) -> AuditState | None:
+    """The run's newest usable audit checkpoint (its hash is the chain's at its seq, its state
+    reads back), looking back past up to ``tries`` unusable ones (the stream names each), or
+    None: verify everything."""
+    max_seq = record.head.seq if record.head is not None else (record.last_event_seq or 0)
+    for _ in range(tries):
+        found = source.latest_audit_checkpoint(record.run_id, max_seq)
+        if found is None:
+            return None
+        seq, head_hash, state = found
+        max_seq = seq - 1
+        if source.event_hash_at(record.run_id, seq) != head_hash:
+            continue  # a forged or stale checkpoint
+        try:
+            start = AuditState.from_json(state)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if start.progress.last_seq == seq and start.progress.head_hash == head_hash:
+            return start
+    return None
 
 
 def _stream(source: AuditSource, record: RunRecord, checker: EventChecker) -> tuple[int, bool]:
