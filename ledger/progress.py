@@ -25,7 +25,7 @@ from ledger.provenance import BatchView, PromptLedger, parse_batch
 
 __all__ = ["Progress", "ProgressSource", "load_progress"]
 
-STATE_FORMAT = 1  # bumped when to_json changes; a snapshot of another format is not used
+STATE_FORMAT = 2  # bumped when to_json changes; a snapshot of another format is not used
 
 
 @dataclass
@@ -46,6 +46,22 @@ class Progress:
     resumes: int = 0
     malformed: int = 0  # batch_trained rows that do not fit their model (verify names them)
     outcome: str | None = None
+    # engine -> [stamped version, seq of that stamp, node_id, host] (``ledger lag``)
+    engines: dict[str, list[Any]] = field(default_factory=dict)
+    stamped: IdMap[bool] = field(default_factory=IdMap)  # versions some engine was stamped with
+
+    @property
+    def unstamped_versions(self) -> list[int]:
+        """Committed versions (1..head) that no ``engines_stamped`` names."""
+        missing: list[int] = []
+        cursor = 1
+        for start, end, _ in self.stamped.ranges():
+            if start > self.head_version:
+                break
+            missing.extend(range(cursor, min(start, self.head_version + 1)))
+            cursor = max(cursor, end + 1)
+        missing.extend(range(cursor, self.head_version + 1))
+        return missing
 
     def apply(self, event: Event) -> BatchView | None:
         """Fold the next event (in seq order); returns the parsed batch of a batch_trained."""
@@ -65,6 +81,8 @@ class Progress:
         elif kind == EventKind.RUN_RESUMED:
             self.resumes += 1
             self.prompts.apply_resume(event)
+        elif kind == EventKind.ENGINES_STAMPED:
+            self._stamp(event)
         elif kind == EventKind.CHECKPOINT_SAVED:
             self.checkpoints += 1
             self.last_checkpoint = {"seq": event.seq, "payload": event.payload}
@@ -73,6 +91,19 @@ class Progress:
         elif kind == EventKind.RUN_FAILED:
             self.outcome = "failed"
         return batch
+
+    def _stamp(self, event: Event) -> None:
+        version = event.payload.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            return  # malformed: verify names it
+        self.stamped.add(version, version, True)
+        nodes = event.payload.get("engine_nodes") or {}
+        for engine_id in event.payload.get("engine_ids", []):
+            known = self.engines.get(engine_id, [0, 0, None, None])
+            node = nodes.get(engine_id) if isinstance(nodes, dict) else None
+            if isinstance(node, dict):
+                known[2:] = [node.get("node_id"), node.get("host")]
+            self.engines[engine_id] = [version, event.seq, *known[2:]]
 
     def apply_batch_event(self, event: Event, batch: BatchView | None) -> None:
         """Fold a ``batch_trained`` already parsed by the caller (None: malformed)."""
@@ -106,6 +137,8 @@ class Progress:
             "last_checkpoint": self.last_checkpoint, "checkpoints": self.checkpoints,
             "promotions": self.promotions, "resumes": self.resumes,
             "malformed": self.malformed, "outcome": self.outcome,
+            "engines": {engine: list(view) for engine, view in sorted(self.engines.items())},
+            "stamped": self.stamped.to_json(),
         }
 
     @classmethod
@@ -126,6 +159,8 @@ class Progress:
             last_checkpoint=data["last_checkpoint"], checkpoints=int(data["checkpoints"]),
             promotions=int(data["promotions"]), resumes=int(data["resumes"]),
             malformed=int(data["malformed"]), outcome=data["outcome"],
+            engines={str(engine): list(view) for engine, view in data["engines"].items()},
+            stamped=IdMap.from_json(data["stamped"]),
         )
 
 

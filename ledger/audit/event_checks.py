@@ -116,10 +116,6 @@ class EventChecker:
             progress.apply_batch_event(event, self.provenance.parsed)
         else:
             progress.apply(event)
-        if event.kind == EventKind.ENGINES_STAMPED:
-            version = event.payload.get("version")
-            if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
-                self.state.stamped.add(version, version, True)
 
     def finish(self) -> None:
         """After the last event: keys also held by earlier events (an audit that started

@@ -1,7 +1,7 @@
 """What the audit carries from one event to the next, in a form an audit checkpoint can store.
 
 :class:`AuditState` is the run's :class:`~ledger.progress.Progress` plus the few facts only the
-checks need (the cells ever promoted, the versions engines were stamped with). It stays small
+checks need (the cells ever promoted). It stays small
 however long the run is (ranges, not per-event rows), so ``audit_checkpoints`` can hold it and
 ``verify --since-verified`` can start from it: the events after the checkpoint are then checked
 exactly as a full verify would check them. A checkpoint is trusted only if its ``head_hash`` is
@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.id_ranges import IdMap
 from ledger.progress import Progress
 
 __all__ = ["AuditState"]
@@ -28,28 +27,17 @@ class AuditState:
 
     progress: Progress = field(default_factory=Progress)
     promoted_cells: set[str] = field(default_factory=set)
-    stamped: IdMap[bool] = field(default_factory=IdMap)  # versions some engine was stamped with
     first_kind: str | None = None  # the kind of event 1 (None: not seen yet)
 
     @property
     def unstamped_versions(self) -> list[int]:
         """Committed versions (1..head) that no ``engines_stamped`` names."""
-        missing: list[int] = []
-        cursor = 1
-        head = self.progress.head_version
-        for start, end, _ in self.stamped.ranges():
-            if start > head:
-                break
-            missing.extend(range(cursor, min(start, head + 1)))
-            cursor = max(cursor, end + 1)
-        missing.extend(range(cursor, head + 1))
-        return missing
+        return self.progress.unstamped_versions
 
     def to_json(self) -> dict[str, Any]:
         """The state as JSON (what an audit checkpoint stores)."""
         return {"format": STATE_FORMAT, "progress": self.progress.to_json(),
-                "promoted_cells": sorted(self.promoted_cells),
-                "stamped": self.stamped.to_json(), "first_kind": self.first_kind}
+                "promoted_cells": sorted(self.promoted_cells), "first_kind": self.first_kind}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AuditState:
@@ -62,4 +50,4 @@ class AuditState:
             raise ValueError(f"checkpoint format {data.get('format')!r}, not {STATE_FORMAT}")
         return cls(progress=Progress.from_json(data["progress"]),
                    promoted_cells={str(cell) for cell in data["promoted_cells"]},
-                   stamped=IdMap.from_json(data["stamped"]), first_kind=data["first_kind"])
+                   first_kind=data["first_kind"])

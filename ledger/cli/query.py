@@ -36,6 +36,7 @@ from ledger.cli.args import QueryError, database_url, parse_kinds, parse_range, 
 from ledger.errors import UnknownRunError
 from ledger.events import Event, EventKind
 from ledger.migrate import head_revision
+from ledger.progress import load_progress
 from ledger.projections import RunState, fold
 from ledger.cli.session import run_header, select_run, snapshot
 from ledger.store.reads import Reader
@@ -325,23 +326,26 @@ def cells(url: str, run_id: str | None) -> dict[str, Any]:
 
 def lag(url: str, run_id: str | None) -> dict[str, Any]:
     """Per engine: the newest version it was stamped with, the head, the lag between, and the
-    node it was last stamped on."""
-    header, state, nodes = _replay_with_nodes(url, run_id)
-    head_version = header["version"]
+    node it was last stamped on (from the run's progress: its newest snapshot plus the tail)."""
+    with snapshot(url) as (ledger, reader):
+        run_id, head = select_run(ledger, reader, run_id)
+        progress, _ = load_progress(reader, run_id, head.seq)
+    header = run_header(run_id, head)
     return {
         "header": header,
         "engines": [
             {
-                "engine_id": engine.engine_id,
-                "stamped_version": engine.stamped_version,
-                "head_version": head_version,
-                "lag": head_version - engine.stamped_version,
-                "last_seq": engine.last_seq,
-                **nodes.engines.get(engine.engine_id, _NO_NODE),
+                "engine_id": engine_id,
+                "stamped_version": stamped,
+                "head_version": head.version,
+                "lag": head.version - stamped,
+                "last_seq": last_seq,
+                "node_id": node_id,
+                "host": host,
             }
-            for engine in sorted(state.engines.values(), key=lambda view: view.engine_id)
+            for engine_id, (stamped, last_seq, node_id, host) in sorted(progress.engines.items())
         ],
-        "unstamped_versions": state.unstamped_versions,
+        "unstamped_versions": progress.unstamped_versions,
     }
 
 
