@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from ledger.store.append import row_to_event
 from ledger.errors import LedgerError, UnknownRunError
-from ledger.events import Event, EventKind, Head, RunRecord
+from ledger.events import Event, Head, RunRecord
 from ledger.migrate import current_revision
 from ledger.schema import (
     audit_checkpoints,
@@ -110,6 +110,9 @@ _EVENT_PAGE = sa.text(
     "AND seq <= :last ORDER BY seq LIMIT :limit"
 )
 _NO_END = 2**62
+# A literal, not a bound parameter: SQLite uses the partial index on batch_trained rows only
+# when the query's term matches the index's WHERE as written.
+_IS_BATCH = ledger_events.c.kind == sa.literal_column("'batch_trained'")
 
 
 def _raw_event(row: Any) -> Event:
@@ -210,8 +213,7 @@ class Reader:
         row = self.conn.execute(
             sa.select(ledger_events)
             .where(ledger_events.c.run_id == run_id,
-                   ledger_events.c.kind == EventKind.BATCH_TRAINED.value,
-                   ledger_events.c.train_step == train_step)
+                   _IS_BATCH, ledger_events.c.train_step == train_step)
             .order_by(ledger_events.c.seq).limit(1)
         ).first()
         with _decoding(f"run {run_id!r}: corrupt batch_trained row of step {train_step}"):
@@ -223,7 +225,7 @@ class Reader:
             sa.select(sa.func.min(ledger_events.c.train_step),
                       sa.func.max(ledger_events.c.train_step))
             .where(ledger_events.c.run_id == run_id,
-                   ledger_events.c.kind == EventKind.BATCH_TRAINED.value)
+                   _IS_BATCH)
         ).one()
         return row[0], row[1]
 

@@ -42,7 +42,9 @@ def upgrade() -> None:
     with op.batch_alter_table("ledger_events") as batch:
         batch.add_column(sa.Column("train_step", sa.BigInteger(), nullable=True))
     op.create_index("ix_ledger_events_kind_step", "ledger_events",
-                    ["run_id", "kind", "train_step"])
+                    ["run_id", "kind", "train_step"],
+                    sqlite_where=sa.text("kind = 'batch_trained'"),
+                    postgresql_where=sa.text("kind = 'batch_trained'"))
     op.create_table(
         "version_uses",
         sa.Column("run_id", sa.String(128), sa.ForeignKey("runs.run_id"), primary_key=True),
