@@ -19,7 +19,8 @@ from typing import Any
 from datetime import UTC, datetime
 
 from ledger import EventKind, Ledger
-from ledger.events import event_hash, validate_payload
+from ledger.events import event_hash
+from ledger.payloads import validate_payload
 from ledger.provenance import prompt_digest
 from ledger.schema import ledger_events, run_heads, version_uses
 from ledger.store.append import lock_head

@@ -1,7 +1,7 @@
 """Provenance read model: what each training step trained, and where every prompt is.
 
 Each training step appends one driver-recorded ``batch_trained`` event (payload model
-:class:`ledger.events.BatchTrained`): the versions its samples were generated under (oldest
+:class:`ledger.payloads.BatchTrained`): the versions its samples were generated under (oldest
 version per sample), staleness, groups and samples, a digest of the prompt ids trained, and the
 prompts the step settled (trained, dropped by reason) with the prompt stream's position after
 it. ``run_resumed`` adds what a resume carried over (``prompts_carried_over``,
@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ledger.events import BatchTrained, Event, EventKind
+from ledger.events import Event, EventKind
 from ledger.id_ranges import IdMap, iter_ranges
 
 __all__ = [
@@ -108,7 +108,9 @@ class BatchView:
 
 def parse_batch(event: Event) -> BatchView | None:
     """The :class:`BatchView` of a ``batch_trained`` event, or None if its payload does not fit
-    :class:`ledger.events.BatchTrained` (planted or corrupt rows; the audit reports them)."""
+    :class:`ledger.payloads.BatchTrained` (planted or corrupt rows; the audit reports them)."""
+    from ledger.payloads import BatchTrained  # pydantic, on first use
+
     try:
         payload = BatchTrained.model_validate(event.payload)
         versions = {int(version): int(count)

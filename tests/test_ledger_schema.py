@@ -82,3 +82,9 @@ def test_bad_urls_are_refused_with_a_clear_error(url: str, message: str):
 def test_unreachable_postgres_is_a_ledger_error():
     with pytest.raises(LedgerError, match="unavailable"):
         Ledger.open("postgresql+psycopg://postgres@127.0.0.1:1/test?connect_timeout=2")
+
+
+def test_the_schema_head_constant_is_the_newest_migration():
+    from ledger.migrate import SCHEMA_HEAD, script_head_revision
+
+    assert SCHEMA_HEAD == script_head_revision()

@@ -29,8 +29,8 @@ from ledger.events import (
     EventKind,
     canonical_json,
     event_hash,
-    payload_problem,
 )
+from ledger.payloads import payload_problem
 from ledger.redact import contains_secret
 from ledger.audit.report import Problem
 from ledger.audit.witness import Witness, compare

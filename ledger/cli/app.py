@@ -25,22 +25,28 @@ command prints, in answers and in errors, has its password replaced by ``***``.
 from __future__ import annotations
 
 import enum
+import importlib
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Annotated
 
 import typer
 
-from ledger.cli import db as db_query
-from ledger.cli import lineage_query, query, render, render_lineage
-from ledger.cli.args import database_url, ledger_beside
+from ledger.cli.args import QueryError, database_url, ledger_beside
 from ledger.errors import LedgerError
 from ledger.redact import redact_text
 from ledger.run_layout import LEDGER_DB_ENV
 
 __all__ = ["app", "main"]
+
+
+def _module(name: str) -> ModuleType:
+    """``ledger.cli.<name>``, imported on first use: each command loads only what it needs
+    (``status`` neither the audit nor the lineage builders)."""
+    return importlib.import_module(f"ledger.cli.{name}")
 
 EXIT_PROBLEMS = 1
 EXIT_ERROR = 2
@@ -131,8 +137,8 @@ def runs(ctx: typer.Context, db: DbOption = None, output: OutputOption = Output.
     """Runs with created time, head version, events, publisher cell, epoch and state (a run
     that lost a row is listed as broken, never hidden)."""
     with _errors():
-        answer = query.runs(_target(ctx, db, None)[0])
-    render.print_runs(answer, output.value, sys.stdout)
+        answer = _module("query").runs(_target(ctx, db, None)[0])
+    _module("render").print_runs(answer, output.value, sys.stdout)
 
 
 @app.command()
@@ -142,8 +148,8 @@ def status(
 ) -> None:
     """Head version, epoch, publisher cell, last seq, head hash, backend, schema revision."""
     with _errors():
-        answer = query.status(*_target(ctx, db, run))
-    render.print_status(answer, output.value, sys.stdout)
+        answer = _module("query").status(*_target(ctx, db, run))
+    _module("render").print_status(answer, output.value, sys.stdout)
 
 
 @app.command()
@@ -172,10 +178,10 @@ def log(
     ] = StreamOutput.table,
 ) -> None:
     """Events, one stable line each: SEQ HASH TIME KIND key=value..."""
-    with _errors(), query.log(
+    with _errors(), _module("query").log(
         *_target(ctx, db, run), seq_range, kinds=kind, cells=cell, since=since, until=until
     ) as answer:
-        render.print_events(
+        _module("render").print_events(
             answer.header, answer.events, output.value, sys.stdout,
             seq_range=(answer.first_seq, answer.last_seq),
         )
@@ -194,8 +200,8 @@ def show(
 ) -> None:
     """One event whole: the commit of VERSION, or the event at --seq N."""
     with _errors():
-        answer = query.show(*_target(ctx, db, run), version=version, seq=seq)
-    render.print_show(answer, output.value, sys.stdout)
+        answer = _module("query").show(*_target(ctx, db, run), version=version, seq=seq)
+    _module("render").print_show(answer, output.value, sys.stdout)
 
 
 @app.command()
@@ -212,8 +218,8 @@ def lineage(
     """Who produced VERSION (cell, epoch, train step, checksum), the steps that trained on its
     samples, the engines that served it; or, with --step N, the versions that fed step N."""
     with _errors():
-        answer = lineage_query.lineage(*_target(ctx, db, run), version=version, step=step)
-    render_lineage.print_lineage(answer, output.value, sys.stdout)
+        answer = _module("lineage_query").lineage(*_target(ctx, db, run), version=version, step=step)
+    _module("render_lineage").print_lineage(answer, output.value, sys.stdout)
 
 
 @app.command()
@@ -224,8 +230,8 @@ def prompts(
     """Prompts issued, trained, dropped by reason, recycled, and in flight at the last event
     (from the ledger's batch_trained and run_resumed events alone)."""
     with _errors():
-        answer = lineage_query.prompts(*_target(ctx, db, run))
-    render_lineage.print_prompts(answer, output.value, sys.stdout)
+        answer = _module("lineage_query").prompts(*_target(ctx, db, run))
+    _module("render_lineage").print_prompts(answer, output.value, sys.stdout)
 
 
 @app.command()
@@ -272,9 +278,9 @@ def verify(
     with _errors():
         url, run_id = _target(ctx, db, run, witness)
         if all_runs and run_id is not None:
-            raise query.QueryError("verify: give --run RUN or --all-runs, not both")
-        answer = query.verify(url, run_id, witness, since_verified)
-    render.print_verify(answer, output.value, sys.stdout)
+            raise QueryError("verify: give --run RUN or --all-runs, not both")
+        answer = _module("query").verify(url, run_id, witness, since_verified)
+    _module("render").print_verify(answer, output.value, sys.stdout)
     if not answer["ok"]:
         raise typer.Exit(EXIT_PROBLEMS)
 
@@ -286,8 +292,8 @@ def cells(
 ) -> None:
     """Per cell: state, epochs held, promotions, last event."""
     with _errors():
-        answer = query.cells(*_target(ctx, db, run))
-    render.print_cells(answer, output.value, sys.stdout)
+        answer = _module("query").cells(*_target(ctx, db, run))
+    _module("render").print_cells(answer, output.value, sys.stdout)
 
 
 @app.command()
@@ -297,8 +303,8 @@ def lag(
 ) -> None:
     """Per engine: last stamped version, head version, LAG = head - stamped."""
     with _errors():
-        answer = query.lag(*_target(ctx, db, run))
-    render.print_lag(answer, output.value, sys.stdout)
+        answer = _module("query").lag(*_target(ctx, db, run))
+    _module("render").print_lag(answer, output.value, sys.stdout)
 
 
 @app.command()
@@ -312,8 +318,8 @@ def export(
     run: RunOption = None,
 ) -> None:
     """Every event of the run to stdout, as JSON lines or CSV."""
-    with _errors(), query.log(*_target(ctx, db, run)) as answer:
-        render.print_events(answer.header, answer.events, export_format.value, sys.stdout)
+    with _errors(), _module("query").log(*_target(ctx, db, run)) as answer:
+        _module("render").print_events(answer.header, answer.events, export_format.value, sys.stdout)
 
 
 @app.command()
@@ -335,7 +341,7 @@ def plot(
 
     with _errors():
         answer = plot_run(*_target(ctx, db, run), out=out, metrics=metrics)
-    render.print_plot(answer, summary_format.value, sys.stdout)
+    _module("render").print_plot(answer, summary_format.value, sys.stdout)
 
 
 @db_app.command("current")
@@ -344,8 +350,8 @@ def db_current(
 ) -> None:
     """The schema revision stamped in the database (like `alembic current`)."""
     with _errors():
-        answer = db_query.db_current(_target(ctx, db, None)[0])
-    render.print_db_current(answer, output.value, sys.stdout)
+        answer = _module("db").db_current(_target(ctx, db, None)[0])
+    _module("render").print_db_current(answer, output.value, sys.stdout)
 
 
 @db_app.command("upgrade")
@@ -354,8 +360,8 @@ def db_upgrade(
 ) -> None:
     """Create the database or upgrade its schema to head (the only command that writes)."""
     with _errors():
-        answer = db_query.db_upgrade(_target(ctx, db, None)[0])
-    render.print_db_upgrade(answer, output.value, sys.stdout)
+        answer = _module("db").db_upgrade(_target(ctx, db, None)[0])
+    _module("render").print_db_upgrade(answer, output.value, sys.stdout)
 
 
 def main() -> None:

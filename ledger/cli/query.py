@@ -30,8 +30,6 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ledger import audit
-from ledger.cli.lineage_query import version_lineage
 from ledger.cli.args import QueryError, database_url, parse_kinds, parse_range, parse_time
 from ledger.errors import UnknownRunError
 from ledger.events import Event, EventKind
@@ -41,7 +39,6 @@ from ledger.projections import RunState, fold
 from ledger.cli.session import run_header, select_run, snapshot
 from ledger.store.reads import Reader
 from ledger.store import Ledger
-from ledger.audit.witness import read_witnesses
 
 __all__ = [
     "LogAnswer",
@@ -255,6 +252,8 @@ def show(
             raise QueryError(f"{missing} (run `ledger verify`)")
         answer = {"header": run_header(run_id, head), "event": event.to_dict()}
         if version is not None:  # one line: who produced it, who trained on it, who served it
+            from ledger.cli.lineage_query import version_lineage
+
             answer["lineage"] = version_lineage(reader, run_id, head, version)["summary"]
         return answer
 
@@ -270,6 +269,9 @@ def verify(url: str, run_id: str | None, witnesses: list[str] | None = None,
         QueryError: an unknown run.
         LedgerError: a witness path with no witness, or a malformed one.
     """
+    from ledger import audit
+    from ledger.audit.witness import read_witnesses
+
     found = [witness for path in witnesses or () for witness in read_witnesses(path)]
     with snapshot(url) as (ledger, reader):
         try:

@@ -22,7 +22,7 @@ from ledger import migrate
 from ledger.store.append import append_locked, create_run_locked, lock_head
 from ledger.store.connection import create_engine, normalise_url, run_with_retries, transaction
 from ledger.errors import LedgerError, UnknownRunError
-from ledger.events import Event, EventKind, Head, validate_payload
+from ledger.events import Event, EventKind, Head
 from ledger.store.reads import READ_PAGE, Reader, RunSummary
 from ledger.redact import redact_secrets, redact_url
 from ledger.store.audits import AuditReads
@@ -213,6 +213,8 @@ class Ledger(AuditReads):
             LedgerError: an unknown kind or a payload that does not fit it.
             LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
         """
+        from ledger.payloads import validate_payload  # pydantic, on the first write
+
         event_kind, clean_payload = validate_payload(kind, dict(payload or {}))
         key = idempotency_key or f"auto:{uuid.uuid4().hex}"
         stored = self._with_retries(

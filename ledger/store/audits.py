@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 
-from ledger import audit
-from ledger.audit.report import AuditReport, Problem
-from ledger.audit.witness import Witness, check_witnesses
 from ledger.progress import Progress, load_progress
 from ledger.store.reads import Reader
 from ledger.store.states import store_state
+
+if TYPE_CHECKING:
+    from ledger.audit.report import AuditReport, Problem
+    from ledger.audit.witness import Witness
 
 __all__ = ["AuditReads"]
 
@@ -52,6 +53,8 @@ class AuditReads:
 
     def _verify_once(self, run_id: str | None, witnesses: list[Witness],
                      since_verified: bool = False) -> AuditReport:
+        from ledger import audit  # imported on first audit: readers of the head skip it
+
         with self.snapshot() as reader:
             return audit.verify(reader, run_id, witnesses, since_verified=since_verified)
 
@@ -112,6 +115,8 @@ class AuditReads:
             UnknownRunError: the run has no head row.
             LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
         """
+        from ledger.audit.witness import Witness
+
         return Witness.of_head(run_id, self.head(run_id))
 
     def check_witnesses(self, witnesses: Iterable[Witness]) -> list[Problem]:
@@ -125,5 +130,7 @@ class AuditReads:
         return self._with_retries(self._check_witnesses_once, witnesses)
 
     def _check_witnesses_once(self, witnesses: list[Witness]) -> list[Problem]:
+        from ledger.audit.witness import check_witnesses
+
         with self.snapshot() as reader:
             return check_witnesses(reader, witnesses)

@@ -19,7 +19,6 @@ import sqlalchemy as sa
 from ledger.store.append import row_to_event
 from ledger.errors import LedgerError, UnknownRunError
 from ledger.events import Event, Head, RunRecord
-from ledger.migrate import current_revision
 from ledger.schema import (
     audit_checkpoints,
     ledger_events,
@@ -363,4 +362,6 @@ class Reader:
 
     def schema_revision(self) -> str | None:
         """The Alembic revision stamped in the database."""
+        from ledger.migrate import current_revision  # migrate imports the store
+
         return current_revision(self.conn)
