@@ -312,16 +312,25 @@ class Reader:
             heads = {
                 row.run_id: head_from_row(row) for row in self.conn.execute(sa.select(run_heads))
             }
-            last_seqs = dict(
-                self.conn.execute(
-                    sa.select(ledger_events.c.run_id, sa.func.max(ledger_events.c.seq))
-                    .group_by(ledger_events.c.run_id)
-                ).all()
-            )
+            last_seqs = self._last_seqs()
             return [
                 _record(run_id, run_rows.get(run_id), heads.get(run_id), last_seqs.get(run_id))
                 for run_id in sorted(run_rows.keys() | heads.keys() | last_seqs.keys())
             ]
+
+    def _last_seqs(self) -> dict[str, int]:
+        """Run id -> newest seq, for every run id the events hold: one index seek per run
+        (the next run id, then its max seq), not a GROUP BY over every event."""
+        found: dict[str, int] = {}
+        run_id = self.conn.execute(sa.select(sa.func.min(ledger_events.c.run_id))).scalar()
+        while run_id is not None:
+            found[run_id] = self.conn.execute(
+                sa.select(sa.func.max(ledger_events.c.seq))
+                .where(ledger_events.c.run_id == run_id)).scalar()
+            run_id = self.conn.execute(
+                sa.select(sa.func.min(ledger_events.c.run_id))
+                .where(ledger_events.c.run_id > run_id)).scalar()
+        return found
 
     def run_record(self, run_id: str) -> RunRecord | None:
         """What the three tables hold for ``run_id`` (None: none of them knows it).
