@@ -56,3 +56,11 @@ def test_job_benches_print_every_mode(script: str) -> None:
 
     for mode in ("| sync |", "| async |", "| async+partial |"):
         assert mode in out, out
+
+
+@pytest.mark.slow  # builds 1k- and 5k-step ledgers on both backends and times the CLI
+def test_ledger_growth_bench_prints_both_backends_with_a_clean_verify() -> None:
+    out = run_quick("ledger_growth.py", timeout=900)
+
+    assert "\nsqlite\n" in out and "| 5,000 | 20,002 |" in out, out
+    assert "PROBLEMS" not in out, out

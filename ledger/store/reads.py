@@ -257,12 +257,13 @@ class Reader:
     def earlier_keys(self, run_id: str, keys: list[str], before_seq: int) -> dict[str, int]:
         """key -> seq of the events below ``before_seq`` that hold one of ``keys`` (the unique
         index on run and key)."""
+        # No seq term in SQL: with one, SQLite walks the primary key over every earlier event
+        # instead of seeking each key in the unique index.
         rows = self.conn.execute(
             sa.select(ledger_events.c.idempotency_key, ledger_events.c.seq)
-            .where(ledger_events.c.run_id == run_id, ledger_events.c.seq < before_seq,
-                   ledger_events.c.idempotency_key.in_(keys))
+            .where(ledger_events.c.run_id == run_id, ledger_events.c.idempotency_key.in_(keys))
         )
-        return {row.idempotency_key: row.seq for row in rows}
+        return {row.idempotency_key: row.seq for row in rows if row.seq < before_seq}
 
     def latest_snapshot(self, run_id: str, max_seq: int) -> tuple[int, str, Any] | None:
         """(seq, head_hash, state) of the newest read-model snapshot at or below ``max_seq``."""
