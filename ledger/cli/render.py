@@ -31,7 +31,6 @@ from rich.console import Console
 from rich.table import Table
 
 from ledger.events import Event, canonical_json
-from ledger.audit.report import compact_ranges
 
 __all__ = [
     "EVENT_FIELDS",
@@ -280,6 +279,8 @@ def print_verify(answer: dict[str, Any], output: str, out: TextIO) -> None:
             f"{problem['message']}\n"
         )
     for note in answer["notes"]:
+        from ledger.audit.report import compact_ranges  # the audit package: verify only
+
         versions = compact_ranges(note["versions"])
         plural = "s" if len(note["versions"]) > 1 else ""
         out.write(
@@ -331,6 +332,8 @@ def print_lag(answer: dict[str, Any], output: str, out: TextIO) -> None:
     if not answer["engines"]:
         out.write("no engines stamped yet\n")
     if answer["unstamped_versions"]:
+        from ledger.audit.report import compact_ranges  # the audit package: lag only
+
         versions = compact_ranges(answer["unstamped_versions"])
         out.write(f"note: committed but never stamped: {versions}\n")
 
