@@ -242,8 +242,7 @@ class TrainingJob:
         checkpoint are not trained again, their weight updates are what the rollback loses)
         and the rollout manager's state file.
         """
-        # From the newest read-model snapshot plus the events after it, not a fold of the run.
-        progress = self.ledger.progress(self.run_id)
+        progress = self.ledger.progress(self.run_id)  # newest snapshot + the events after it
         if progress.last_checkpoint is None:
             raise StartupError(f"run {self.run_id} has no checkpoint to resume from")
         checkpoint_path = progress.last_checkpoint["payload"]["path"]
