@@ -241,8 +241,8 @@ def evals(
 ) -> None:
     """Eval scores over versions (each eval_finished event: set, version, metrics)."""
     with _errors():
-        answer = lineage_query.evals(*_target(ctx, db, run))
-    render_lineage.print_evals(answer, output.value, sys.stdout)
+        answer = _module("lineage_query").evals(*_target(ctx, db, run))
+    _module("render_lineage").print_evals(answer, output.value, sys.stdout)
 
 
 @app.command()
