@@ -148,14 +148,14 @@ class PromptLedger:
     ``next_index`` is the prompt stream's position (prompts ``0 .. next_index - 1`` were
     issued). A prompt is trained (by the first step that recorded it), dropped (with the first
     reason recorded), or in flight (issued, neither: generating, queued, or pending a resume).
-    ``trained`` (prompt -> True) and ``dropped`` (prompt -> reason) are
-    :class:`~ledger.id_ranges.IdMap` s held as ranges: a run's contiguous trained prompts are
-    one entry, so the account (and a snapshot of it) is bounded by the gaps, not the run's
-    length. Which step trained a prompt is the step's ``batch_trained`` (``ledger lineage``).
+    ``trained`` (prompt -> the step that trained it) and ``dropped`` (prompt -> reason) are
+    :class:`~ledger.id_ranges.IdMap` s held as ranges: one entry per step's contiguous run of
+    prompts, not one per prompt, so the account (and a snapshot of it) is bounded by steps and
+    gaps, not by the batch size.
     """
 
     next_index: int = 0
-    trained: IdMap[bool] = field(default_factory=IdMap)  # prompt -> True
+    trained: IdMap[int] = field(default_factory=IdMap)  # prompt -> train step
     dropped: IdMap[str] = field(default_factory=IdMap)  # prompt -> reason
     recycled: int = 0
     last_step: int = 0
@@ -204,7 +204,7 @@ class PromptLedger:
     def apply_batch(self, batch: BatchView) -> None:
         """Fold one step's prompt outcomes."""
         for start, end in batch.trained_ranges:
-            for clash_start, clash_end, _ in self.trained.add(start, end, True):
+            for clash_start, clash_end, _ in self.trained.add(start, end, batch.train_step):
                 self.twice.extend(range(clash_start, clash_end + 1))
         for reason, ranges in batch.dropped_ranges.items():
             for start, end in ranges:
