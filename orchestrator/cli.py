@@ -35,6 +35,7 @@ ledger ends with ``run_failed``.
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -131,6 +132,7 @@ def run_command(
     from ledger import LedgerError
     from orchestrator.control.driver import JobOptions, StartupError, run_job
 
+    _working_directory_importable()
     config = RunConfig.from_yaml(config_path, fields)
     if resume and config.run_id is None:
         raise UserError("--resume needs --run-id of the run to continue")
@@ -203,6 +205,19 @@ def drill_command(
     table.print()
     if not all(result.passed for result in results):
         raise typer.Exit(EXIT_FAILED)
+
+
+def _working_directory_importable() -> None:
+    """Make modules under the working directory (a ``--custom-rm-path`` module such as
+    ``examples.math.reward``) importable here and in the Ray workers this process starts, as
+    ``python -m`` would: a console script does not put the working directory on the path.
+    On a cluster joined with ``--ray-address`` the module must be importable on every node."""
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if here not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, paths)])
 
 
 @contextmanager

@@ -1,12 +1,16 @@
 """Generate the example's data and tokenizer (nothing is downloaded).
 
     python examples/math/make_data.py            # writes examples/math/data/ and tokenizer/
+    python examples/math/make_data.py --model    # also model/: a tiny HF Llama (run-hf.yaml)
 
 * ``data/train.jsonl``: word problems ``{"prompt", "label", "metadata"}`` over small numbers
   (sums and differences 0..9), seeded, so the same command makes the same file;
 * ``data/test.parquet``: held-out problems, in Parquet (both formats are read);
 * ``tokenizer/``: a one-token-per-character Hugging Face tokenizer with a chat template, made
-  locally with ``tokenizers`` (:func:`orchestrator.rollout.data.tokenizer.build_char_tokenizer`).
+  locally with ``tokenizers`` (:func:`orchestrator.rollout.data.tokenizer.build_char_tokenizer`);
+* ``model/`` (with ``--model``): a tiny random Hugging Face Llama over that tokenizer's ids,
+  with the same tokenizer and template saved beside its weights, for ``run-hf.yaml`` (vLLM
+  engines and the HF policy). Not committed: the command makes the same model again.
 """
 
 from __future__ import annotations
@@ -46,12 +50,27 @@ def alphabet(rows: list[dict]) -> str:
     return "".join(sorted(set(text)))
 
 
+def write_model(tokenizer_dir: Path, model_dir: Path, characters: str, seed: int) -> Path:
+    """A tiny HF Llama whose token ids are the tokenizer's, saved with that tokenizer."""
+    from actors.policies.hf_policy import TinyLlamaSizes, ensure_task_model
+    from orchestrator.rollout.data.tokenizer import HFTokenizer, build_char_tokenizer
+
+    tokenizer = HFTokenizer(tokenizer_dir)
+    symbols = tokenizer.hf.convert_ids_to_tokens(list(range(tokenizer.vocab_size)))
+    # A context for the longest templated prompt (run-hf.yaml's max-prompt-len) and its answer.
+    ensure_task_model(model_dir, symbols, seed=seed,
+                      sizes=TinyLlamaSizes(max_position_embeddings=80))
+    return build_char_tokenizer(model_dir, characters, CHAT_TEMPLATE)  # same ids, templated
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--test-rows", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--model", action="store_true",
+                        help="also write model/, a tiny HF Llama over the tokenizer's ids")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     train = [problem(rng) for _ in range(args.rows)]
@@ -67,6 +86,8 @@ def main() -> None:
     from orchestrator.rollout.data.tokenizer import build_char_tokenizer
 
     build_char_tokenizer(args.out / "tokenizer", alphabet(train + test), CHAT_TEMPLATE)
+    if args.model:
+        write_model(args.out / "tokenizer", args.out / "model", alphabet(train + test), args.seed)
     print(f"wrote {len(train)} train rows, {len(test)} test rows and a tokenizer under "
           f"{args.out}")
 
