@@ -218,3 +218,21 @@ def test_an_eval_call_sets_its_own_response_length_on_the_builtin_engine():
 
     assert [len(s.response_tokens) for s in engine.generate(prompt, 2, 0)] == [3, 3]
     assert [len(s.response_tokens) for s in engine.generate(prompt, 2, 0, 9)] == [9, 9]
+
+
+def test_a_model_whose_context_cannot_hold_the_prompts_is_refused_before_the_run(
+        tmp_path: Path, task_files: dict[str, Path]):
+    pytest.importorskip("transformers")
+    from actors.policies.hf_policy import TinyLlamaSizes, ensure_task_model
+    from orchestrator.control.task_setup import prepare
+    from orchestrator.rollout.data.tokenizer import HFTokenizer
+
+    tokenizer = HFTokenizer(task_files["tokenizer"])
+    symbols = tokenizer.hf.convert_ids_to_tokens(list(range(tokenizer.vocab_size)))
+    model = ensure_task_model(tmp_path / "model", symbols, seed=0,
+                              sizes=TinyLlamaSizes(max_position_embeddings=4))
+    config = task_config(task_files, "short-context", tokenizer=str(task_files["tokenizer"]),
+                         model=str(model), engine="vllm", backend="hf")
+
+    with pytest.raises(StartupError, match="exceed .* context of 4 tokens"):
+        prepare(config)

@@ -60,7 +60,7 @@ def run_task(config: RunConfig) -> RunTask:
     """
     key = (tuple(config.prompt_data), config.input_key, config.label_key, config.metadata_key,
            config.apply_chat_template, config.apply_chat_template_kwargs, config.rollout_shuffle,
-           config.max_prompt_len, config.tokenizer or config.model, config.rm_type,
+           config.max_prompt_len, config.tokenizer, config.model, config.rm_type,
            config.custom_rm_path, config.seed, config.max_response_len,
            config.eval_max_response_len)
     if key not in _CACHE:
@@ -117,8 +117,30 @@ def _dataset_task(config: RunConfig) -> RunTask:
         raise StartupError(str(exc)) from None
     # The context holds the longest kept prompt and the longest response, train or eval.
     response = max(config.max_response_len, config.eval_max_response_len or 0)
+    if config.model is not None:
+        _check_model_context(Path(config.model), longest, response)
     return RunTask(DatasetTask(tokenizer, reward), prompts.make_prompt, tokenizer.vocab_size,
                    longest + response, identity.to_json())
+
+
+def _check_model_context(model_dir: Path, longest_prompt: int, response: int) -> None:
+    """Refuse a model whose context cannot hold the longest kept prompt and a response: an
+    engine would refuse that prompt mid-run and end the run.
+
+    Raises:
+        StartupError: one line naming the limit and the options to lower.
+    """
+    import json
+
+    try:
+        context = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
+    except (OSError, ValueError, KeyError):
+        return  # not a Llama-style config: the engine checks what it can serve
+    if longest_prompt + response > int(context):
+        raise StartupError(
+            f"max_prompt_len: the longest kept prompt ({longest_prompt} tokens) and a response "
+            f"of {response} exceed {model_dir}'s context of {context} tokens "
+            "(max_position_embeddings); lower --max-prompt-len or --rollout-max-response-len")
 
 
 def check_dataset_identity(ledger: Any, run_id: str, config: RunConfig) -> None:
