@@ -70,6 +70,7 @@ drills: install-vllm
 bench: install
 	$(BIN)/python bench/ledger_append.py $(ARGS)
 	$(BIN)/python bench/ledger_growth.py $(ARGS)
+	$(BIN)/python bench/response_length.py
 	$(BIN)/python bench/drain.py $(ARGS)
 	$(BIN)/python bench/weight_update.py $(ARGS)
 	$(BIN)/python bench/async_vs_sync.py $(ARGS)

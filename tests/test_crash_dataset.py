@@ -13,16 +13,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from ledger import EventKind, Ledger, LedgerError
+from ledger import EventKind, Ledger
 from ledger.cli.lineage_query import prompts as prompt_query
 from ledger.run_layout import default_ledger_url
 from orchestrator.control.provenance import prompt_ledger
 from tests.task_fixtures import addition_rows, make_tokenizer, write_jsonl
+from tests.crash_job import due_for_the_kill, start_job
 from tests.waiting import wait_until
 
 RUN = "crash-data"
@@ -34,32 +34,12 @@ KILL_AFTER_STEPS = 5  # 20 rows trained: mid-epoch 0
 
 def _orchestrator(runs_dir: Path, files: dict[str, Path], db: str | None,
                   *args: str) -> subprocess.Popen:
-    env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1"}
     flags = ["--num-rollout", str(STEPS), "--rollout-batch-size", str(BATCH),
              "--n-samples-per-prompt", "4", "--save-interval", "2", "--no-progress",
              "--run-id", RUN, "--prompt-data", str(files["data"]), "--tokenizer",
              str(files["tokenizer"]), "--rollout-shuffle", "--apply-chat-template",
              "--custom-rm-path", "tests.reward_fixtures.exact", *(["--db", db] if db else [])]
-    return subprocess.Popen(
-        [sys.executable, "-c", "from orchestrator.cli import main; main()", "run",
-         "--runs-dir", str(runs_dir), *flags, *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )
-
-
-def _recorded(url: str) -> tuple[int, int]:
-    try:
-        with Ledger.open(url, readonly=True, retry_seconds=0) as ledger:
-            kinds = [event.kind for event in ledger.events(RUN)]
-    except LedgerError:
-        return 0, 0
-    return kinds.count(EventKind.BATCH_TRAINED), kinds.count(EventKind.CHECKPOINT_SAVED)
-
-
-def _due_for_the_kill(url: str) -> bool:
-    trained, checkpoints = _recorded(url)
-    return trained >= KILL_AFTER_STEPS and checkpoints >= 1
+    return start_job(runs_dir, flags, *args)
 
 
 @pytest.mark.timeout(900)
@@ -71,7 +51,7 @@ def test_a_crash_mid_epoch_then_resume_trains_every_row_of_the_epoch_exactly_onc
     files = {"data": write_jsonl(tmp_path / "train.jsonl", addition_rows(ROWS)),
              "tokenizer": make_tokenizer(tmp_path / "tokenizer")}
     first = _orchestrator(tmp_path, files, db)
-    wait_until(lambda: first.poll() is not None or _due_for_the_kill(url),
+    wait_until(lambda: first.poll() is not None or due_for_the_kill(url, RUN, KILL_AFTER_STEPS),
                what=f"{KILL_AFTER_STEPS} trained steps and a checkpoint in the ledger",
                timeout_s=600, interval_s=0.1)
     assert first.poll() is None, first.communicate()[0][-3000:]

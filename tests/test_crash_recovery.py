@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from ledger import EventKind, Ledger, LedgerError
+from ledger import EventKind, Ledger
 from ledger.run_layout import default_ledger_url
 from orchestrator.control.provenance import prompt_ledger
+from tests.crash_job import due_for_the_kill, start_job
 from tests.waiting import wait_until
 
 RUN = "crash"
@@ -29,28 +29,7 @@ JOB_FLAGS = ["--num-rollout", str(STEPS), "--rollout-batch-size", "4",
 
 
 def _orchestrator(runs_dir: Path, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-c", "from orchestrator.cli import main; main()", "run",
-         "--runs-dir", str(runs_dir), *JOB_FLAGS, *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )
-
-
-def _recorded(url: str) -> tuple[int, int]:
-    """(batch_trained events, checkpoints) in the ledger so far; (0, 0) before it exists."""
-    try:
-        with Ledger.open(url, readonly=True, retry_seconds=0) as ledger:
-            kinds = [event.kind for event in ledger.events(RUN)]
-    except LedgerError:
-        return 0, 0
-    return kinds.count(EventKind.BATCH_TRAINED), kinds.count(EventKind.CHECKPOINT_SAVED)
-
-
-def _due_for_the_kill(url: str) -> bool:
-    trained, checkpoints = _recorded(url)
-    return trained >= KILL_AFTER_STEPS and checkpoints >= 1
+    return start_job(runs_dir, JOB_FLAGS, *args)
 
 
 @pytest.mark.timeout(900)
@@ -59,7 +38,7 @@ def test_a_resume_after_the_driver_is_killed_accounts_for_every_prompt_exactly_o
 ):
     url = default_ledger_url(tmp_path / RUN)
     first = _orchestrator(tmp_path)
-    wait_until(lambda: first.poll() is not None or _due_for_the_kill(url),
+    wait_until(lambda: first.poll() is not None or due_for_the_kill(url, RUN, KILL_AFTER_STEPS),
                what=f"{KILL_AFTER_STEPS} trained steps and a checkpoint in the ledger",
                timeout_s=600, interval_s=0.1)
     assert first.poll() is None, first.communicate()[0][-3000:]
