@@ -7,7 +7,9 @@
     ├── UnknownRunError           a run id the ledger has never started
     ├── SchemaError               no ledger schema, or one older/newer than this code
     ├── LedgerUnavailableError    the database cannot be reached (transient; writes retry)
-    └── IdempotencyConflictError  a key reused with other parameters (kind, cell, epoch, ...)
+    ├── IdempotencyConflictError  a key reused with other parameters (kind, cell, epoch, ...)
+    ├── PayloadError              a stored payload read through a model it does not fit
+    └── QueryError                a ``ledger`` command argument it cannot answer (exit code 2)
 
 Driver errors (SQLAlchemy, sqlite3, psycopg) are translated into :class:`LedgerError` in one
 place, the exit of :func:`ledger.store.connection.transaction`, with credentials redacted. Every class pickles with its arguments, so errors raised
@@ -21,6 +23,8 @@ __all__ = [
     "IdempotencyConflictError",
     "LedgerError",
     "LedgerUnavailableError",
+    "PayloadError",
+    "QueryError",
     "SchemaError",
     "UnknownRunError",
 ]
@@ -84,3 +88,25 @@ class IdempotencyConflictError(LedgerError):
     """An idempotency key already names an event with other parameters (kind, cell, epoch,
     train step, transport, adapter, checksum or version); nothing was written. A retry must
     repeat the call exactly; a new event needs a new key."""
+
+
+class PayloadError(LedgerError):
+    """A stored event's payload does not fit the model it was read through
+    (:meth:`ledger.events.Event.payload_as`): a field is missing or of the wrong type. The
+    append validates every payload, so this means a row written around it; ``ledger verify``
+    names the row (``payload_invalid``)."""
+
+    def __init__(self, run_id: str, seq: int, kind: str, detail: str) -> None:
+        self.run_id = run_id
+        self.seq = seq
+        self.kind = kind
+        self.detail = detail
+        super().__init__(f"run {run_id!r} seq {seq}: {kind} payload: {detail}")
+
+    def __reduce__(self):
+        return (type(self), (self.run_id, self.seq, self.kind, self.detail))
+
+
+class QueryError(LedgerError):
+    """A command-line argument the ledger cannot answer: bad range, time, kind, version, run
+    (raised by :mod:`ledger.cli.args` and the queries; the command prints it in one line)."""

@@ -12,8 +12,11 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from json.encoder import encode_basestring as _encode_string
+from typing import TYPE_CHECKING, Any, TypeVar
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 __all__ = [
     "GENESIS_HASH",
@@ -28,8 +31,9 @@ __all__ = [
 GENESIS_HASH = "0" * 64
 
 
-class EventKind(str, enum.Enum):
-    """Every kind of event the ledger stores."""
+class EventKind(enum.StrEnum):
+    """Every kind of event the ledger stores. Its values are the stored strings (and what the
+    hash covers), so ``str()``, f-strings and JSON render a kind as the string stored."""
 
     RUN_STARTED = "run_started"
     RUN_RESUMED = "run_resumed"
@@ -61,13 +65,22 @@ PUBLISHER_KINDS = frozenset(
 )
 
 
+_KNOWN_KINDS: dict[str, EventKind] = {kind.value: kind for kind in EventKind}
+_Model = TypeVar("_Model", bound="BaseModel")
+
+
 @dataclass(frozen=True)
 class Event:
-    """One stored ledger event. ``version`` is set on ``weight_committed`` events only."""
+    """One stored ledger event. ``version`` is set on ``weight_committed`` events only.
+
+    ``kind`` is an :class:`EventKind` (a string given for a known kind is turned into one).
+    Only a kind this code does not know (a row written by hand or by newer code) stays the
+    stored string, so that the audit can still hash it and report it as ``unknown_kind``.
+    """
 
     run_id: str
     seq: int
-    kind: str
+    kind: EventKind | str
     payload: dict[str, Any]
     recorded_at: datetime
     prev_hash: str
@@ -76,6 +89,34 @@ class Event:
     cell_id: str | None = None
     epoch: int | None = None
     idempotency_key: str | None = None
+    # The row's train_step column (revision 0003): derived from the payload, outside the hash,
+    # read so that verify can check the two agree (None: not read, or NULL).
+    train_step: int | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        kind = _KNOWN_KINDS.get(self.kind)
+        if kind is not None and kind is not self.kind:
+            object.__setattr__(self, "kind", kind)
+
+    def payload_as(self, model: type[_Model]) -> _Model:
+        """The payload read through ``model`` (a pydantic model, usually the kind's own:
+        :func:`ledger.payloads.payload_model`), so a missing or mistyped field raises instead
+        of reading as a default.
+
+        Raises:
+            PayloadError: the payload does not fit ``model``.
+        """
+        from pydantic import ValidationError
+
+        from ledger.errors import PayloadError
+
+        try:
+            return model.model_validate(self.payload)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "payload"
+            raise PayloadError(self.run_id, self.seq, str(self.kind),
+                               f"{where}: {first['msg']}") from None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready rendering that holds every stored field (lossless)."""
@@ -134,8 +175,26 @@ class RunRecord:
 
 
 def canonical_json(value: Any) -> str:
-    """Deterministic JSON: sorted keys, no whitespace, UTF-8 kept as is."""
+    """Deterministic JSON: sorted keys, no whitespace, UTF-8 kept as is (what is hashed)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def compact_json(value: Any) -> str:
+    """JSON without whitespace, keys in their order: how the store writes JSON columns (a
+    reader sees a payload's keys in the order the caller gave them; the hash sorts them)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _scalar(value: Any) -> str:
+    # What canonical_json renders for the envelope's fields, without its per-call set-up
+    # (the audit hashes every event): strings through the encoder json.dumps itself uses.
+    if value is None:
+        return "null"
+    if type(value) is str:
+        return _encode_string(value)
+    if type(value) is int:
+        return int.__repr__(value)
+    return canonical_json(value)
 
 
 def event_hash(
@@ -152,35 +211,20 @@ def event_hash(
     recorded_at: datetime,
     payload_json: str | None = None,
 ) -> str:
-    """The chained hash of one event: ``sha256(canonical(prev_hash, event))``.
+    """The chained hash of one event: ``sha256(canonical_json({every stored field,
+    prev_hash}))``, with the keys in sorted order.
 
-    ``payload_json`` (``canonical_json(payload)``, if the caller has it) is spliced in instead
-    of rendering the payload again: the audit renders each payload once for this and for its
-    credential check.
+    ``payload_json`` (``canonical_json(payload)``, if the caller has it: the audit renders each
+    payload once for this and for its credential check) is spliced in instead of rendering the
+    payload again.
     """
-    if payload_json is not None:
-        envelope = canonical_json({
-            "prev_hash": prev_hash, "run_id": run_id, "seq": seq, "kind": kind,
-            "version": version, "cell_id": cell_id, "epoch": epoch,
-            "idempotency_key": idempotency_key, "recorded_at": recorded_at.isoformat(),
-        })
-        # Keys are sorted: "payload" sits right before "prev_hash", and the text ',"prev_hash":'
-        # cannot occur inside an earlier JSON string (its quotes would be escaped).
-        cut = envelope.index(',"prev_hash":')
-        body = f'{envelope[:cut]},"payload":{payload_json}{envelope[cut:]}'
-        return hashlib.sha256(body.encode("utf-8")).hexdigest()
-    body = canonical_json(
-        {
-            "prev_hash": prev_hash,
-            "run_id": run_id,
-            "seq": seq,
-            "kind": kind,
-            "version": version,
-            "cell_id": cell_id,
-            "epoch": epoch,
-            "idempotency_key": idempotency_key,
-            "payload": payload,
-            "recorded_at": recorded_at.isoformat(),
-        }
+    if payload_json is None:
+        payload_json = canonical_json(payload)
+    body = (
+        f'{{"cell_id":{_scalar(cell_id)},"epoch":{_scalar(epoch)},'
+        f'"idempotency_key":{_scalar(idempotency_key)},"kind":{_scalar(str(kind))},'
+        f'"payload":{payload_json},"prev_hash":{_scalar(prev_hash)},'
+        f'"recorded_at":{_encode_string(recorded_at.isoformat())},"run_id":{_scalar(run_id)},'
+        f'"seq":{_scalar(seq)},"version":{_scalar(version)}}}'
     )
     return hashlib.sha256(body.encode("utf-8")).hexdigest()

@@ -17,7 +17,21 @@ from ledger.events import EventKind
 from ledger.id_ranges import compact
 from ledger.redact import redact_secrets
 
-__all__ = ["BatchTrained", "PromptOutcomes", "payload_problem", "validate_payload"]
+__all__ = [
+    "BatchTrained",
+    "CellPromoted",
+    "CellState",
+    "EnginesStamped",
+    "PromptOutcomes",
+    "RunFailed",
+    "RunFinished",
+    "RunStarted",
+    "WeightCommitted",
+    "WeightUpdateAborted",
+    "payload_model",
+    "payload_problem",
+    "validate_payload",
+]
 
 
 class _Payload(BaseModel):
@@ -184,6 +198,12 @@ _PAYLOAD_MODELS: dict[EventKind, type[_Payload]] = {
     EventKind.FAULT_INJECTED: DrillEvent,
     EventKind.DRILL_VERDICT: DrillEvent,
 }
+
+
+def payload_model(kind: EventKind) -> type[_Payload]:
+    """The pydantic model of ``kind``'s payload (for :meth:`ledger.events.Event.payload_as`)."""
+    return _PAYLOAD_MODELS[kind]
+
 
 # Fields the ledger assigns itself; a caller's payload may not smuggle them in.
 _RESERVED_PAYLOAD_KEYS = frozenset({"epoch", "seq", "hash", "prev_hash"})

@@ -7,11 +7,12 @@ everything else. :mod:`ledger.audit` compares what it derives with what the head
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ledger import payloads
 from ledger.events import GENESIS_HASH, Event, EventKind
 from ledger.provenance import BatchView, PromptLedger, Provenance
 
@@ -129,11 +130,6 @@ class RunState:
         return self.provenance.prompts
 
     @property
-    def aborted_updates(self) -> int:
-        """How many weight updates were aborted."""
-        return len(self.aborts)
-
-    @property
     def adapters(self) -> dict[int, str]:
         """Version -> LoRA adapter name, for versions committed through the LoRA transport."""
         return {v: c.adapter for v, c in self.commits.items() if c.adapter is not None}
@@ -144,7 +140,12 @@ class RunState:
         return sorted(set(self.commits) - self.stamped_versions)
 
     def apply(self, event: Event) -> None:
-        """Advance the state by one event (the next in ``seq`` order)."""
+        """Advance the state by one event (the next in ``seq`` order).
+
+        Raises:
+            PayloadError: a payload this fold reads lacks a field its model requires (a row
+                written around the append's validation; ``ledger verify`` names it).
+        """
         self.last_seq = event.seq
         self.head_hash = event.hash
         if event.cell_id is not None:
@@ -152,65 +153,71 @@ class RunState:
             cell.last_seq = event.seq
             cell.last_kind = event.kind
             cell.last_recorded_at = event.recorded_at
-        kind = event.kind
-        if kind == EventKind.RUN_STARTED:
-            self.started_at = event.recorded_at
-            config = event.payload.get("config")
-            self.config = config if isinstance(config, dict) else {}
-        elif kind == EventKind.RUN_RESUMED:
-            self.resumes += 1
-            self.provenance.apply(event)
-        elif kind == EventKind.BATCH_TRAINED:
-            self.provenance.apply(event)
-        elif kind == EventKind.CELL_PROMOTED and event.cell_id and event.epoch is not None:
-            self._promote(event)
-        elif kind == EventKind.CELL_STATE and event.cell_id:
-            self.cells[event.cell_id].state = event.payload.get("state", "unknown")
-        elif kind == EventKind.WEIGHT_COMMITTED and event.version is not None:
-            self.head_version = max(self.head_version, event.version)
-            self.commits[event.version] = CommitView(
-                version=event.version,
-                seq=event.seq,
-                cell_id=event.cell_id,
-                epoch=event.epoch,
-                train_step=int(event.payload.get("train_step", 0)),
-                transport=str(event.payload.get("transport", "")),
-                adapter=event.payload.get("adapter"),
-                checksum=event.payload.get("checksum"),
-                recorded_at=event.recorded_at,
-            )
-        elif kind == EventKind.WEIGHT_UPDATE_ABORTED:
-            self.aborts.append(
-                AbortView(
-                    seq=event.seq,
-                    cell_id=event.cell_id,
-                    train_step=int(event.payload.get("train_step", 0)),
-                    reason=str(event.payload.get("reason", "")),
-                    head_version=self.head_version,
-                    recorded_at=event.recorded_at,
-                )
-            )
-        elif kind == EventKind.ENGINES_STAMPED:
-            version = int(event.payload.get("version", 0))
-            self.stamped_versions.add(version)
-            stamped = self.stamps.setdefault(version, {})
-            for engine_id in event.payload.get("engine_ids", []):
-                stamped.setdefault(engine_id, event.seq)
-                engine = self.engines.setdefault(engine_id, EngineView(engine_id))
-                engine.stamped_version = version
-                engine.last_seq = event.seq
-        elif kind == EventKind.CHECKPOINT_SAVED:
-            self.checkpoints.append(event)
-        elif kind == EventKind.EVAL_FINISHED:
-            self.evals.append(event)
-        elif kind == EventKind.RUN_FINISHED:
-            self.outcome = "finished"
-        elif kind == EventKind.RUN_FAILED:
-            self.outcome = "failed"
-            self.failure_reason = str(event.payload.get("reason", ""))
+        handler = _HANDLERS.get(event.kind)
+        if handler is not None:
+            handler(self, event)
+
+    def _started(self, event: Event) -> None:
+        self.started_at = event.recorded_at
+        self.config = dict(event.payload_as(payloads.RunStarted).config)
+
+    def _resumed(self, event: Event) -> None:
+        self.resumes += 1
+        self.provenance.apply(event)
+
+    def _batch(self, event: Event) -> None:
+        self.provenance.apply(event)
+
+    def _cell_state(self, event: Event) -> None:
+        if event.cell_id:
+            self.cells[event.cell_id].state = event.payload_as(payloads.CellState).state
+
+    def _committed(self, event: Event) -> None:
+        if event.version is None:
+            return  # verify names a commit without a version
+        commit = event.payload_as(payloads.WeightCommitted)
+        self.head_version = max(self.head_version, event.version)
+        self.commits[event.version] = CommitView(
+            version=event.version, seq=event.seq, cell_id=event.cell_id, epoch=event.epoch,
+            train_step=commit.train_step, transport=commit.transport, adapter=commit.adapter,
+            checksum=commit.checksum, recorded_at=event.recorded_at,
+        )
+
+    def _aborted(self, event: Event) -> None:
+        abort = event.payload_as(payloads.WeightUpdateAborted)
+        self.aborts.append(AbortView(
+            seq=event.seq, cell_id=event.cell_id, train_step=abort.train_step,
+            reason=abort.reason, head_version=self.head_version,
+            recorded_at=event.recorded_at,
+        ))
+
+    def _stamped(self, event: Event) -> None:
+        stamp = event.payload_as(payloads.EnginesStamped)
+        self.stamped_versions.add(stamp.version)
+        stamped = self.stamps.setdefault(stamp.version, {})
+        for engine_id in stamp.engine_ids:
+            stamped.setdefault(engine_id, event.seq)
+            engine = self.engines.setdefault(engine_id, EngineView(engine_id))
+            engine.stamped_version = stamp.version
+            engine.last_seq = event.seq
+
+    def _checkpoint(self, event: Event) -> None:
+        self.checkpoints.append(event)
+
+    def _eval(self, event: Event) -> None:
+        self.evals.append(event)
+
+    def _finished(self, event: Event) -> None:
+        self.outcome = "finished"
+
+    def _failed(self, event: Event) -> None:
+        self.outcome = "failed"
+        self.failure_reason = event.payload_as(payloads.RunFailed).reason
 
     def _promote(self, event: Event) -> None:
-        assert event.cell_id is not None and event.epoch is not None
+        if not event.cell_id or event.epoch is None:
+            return  # verify names a promotion without a cell or epoch
+        promotion = event.payload_as(payloads.CellPromoted)
         previous = self.publisher_cell
         if previous is not None and previous != event.cell_id and previous in self.cells:
             if self.cells[previous].state == "publisher":
@@ -220,15 +227,27 @@ class RunState:
         cell = self.cells[event.cell_id]
         cell.epochs.append(event.epoch)
         cell.state = "publisher"
-        self.promotions.append(
-            Promotion(
-                seq=event.seq,
-                cell_id=event.cell_id,
-                epoch=event.epoch,
-                reason=str(event.payload.get("reason", "")),
-                recorded_at=event.recorded_at,
-            )
-        )
+        self.promotions.append(Promotion(
+            seq=event.seq, cell_id=event.cell_id, epoch=event.epoch,
+            reason=promotion.reason, recorded_at=event.recorded_at,
+        ))
+
+
+# Kind -> how it advances the state; kinds not here (drill events) only move the head.
+_HANDLERS: dict[EventKind, Callable[[RunState, Event], None]] = {
+    EventKind.RUN_STARTED: RunState._started,
+    EventKind.RUN_RESUMED: RunState._resumed,
+    EventKind.BATCH_TRAINED: RunState._batch,
+    EventKind.CELL_PROMOTED: RunState._promote,
+    EventKind.CELL_STATE: RunState._cell_state,
+    EventKind.WEIGHT_COMMITTED: RunState._committed,
+    EventKind.WEIGHT_UPDATE_ABORTED: RunState._aborted,
+    EventKind.ENGINES_STAMPED: RunState._stamped,
+    EventKind.CHECKPOINT_SAVED: RunState._checkpoint,
+    EventKind.EVAL_FINISHED: RunState._eval,
+    EventKind.RUN_FINISHED: RunState._finished,
+    EventKind.RUN_FAILED: RunState._failed,
+}
 
 
 def fold(run_id: str, events: Iterable[Event]) -> RunState:

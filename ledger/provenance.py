@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pydantic import ValidationError
 
 from ledger.events import Event, EventKind
 from ledger.id_ranges import IdMap, iter_ranges
@@ -115,7 +114,7 @@ def parse_batch(event: Event) -> BatchView | None:
         payload = BatchTrained.model_validate(event.payload)
         versions = {int(version): int(count)
                     for version, count in payload.sample_versions.items()}
-    except (ValidationError, ValueError, TypeError):
+    except (ValueError, TypeError):  # pydantic.ValidationError is a ValueError
         return None
     prompts = payload.prompts
     return BatchView(

@@ -118,6 +118,26 @@ def without_foreign_keys(url: str, *statements: str, **params) -> None:
     execute(url, *statements, **params)
 
 
+def derived_rows(run_id: str, seq: int, kind: str, payload: object
+                 ) -> tuple[int | None, list[dict]]:
+    """The ``train_step`` column and ``version_uses`` rows the append derives from a payload,
+    so that a planted row breaks only the invariant it is planted for."""
+    if not isinstance(payload, dict):
+        return None, []
+    step = payload.get("train_step")
+    step = step if isinstance(step, int) else None
+    versions = payload.get("sample_versions")
+    uses = []
+    if kind == "batch_trained" and step is not None and isinstance(versions, dict):
+        for version, samples in versions.items():
+            try:
+                uses.append({"run_id": run_id, "version": int(version), "seq": seq,
+                             "train_step": step, "samples": int(samples)})
+            except (TypeError, ValueError):
+                return step, []
+    return step, uses
+
+
 def plant_event(
     url: str,
     run_id: str,
@@ -138,7 +158,7 @@ def plant_event(
     ``idempotency_key=""`` means ``planted:<seq>``; None plants a NULL key.
     """
     from ledger.events import GENESIS_HASH, event_hash
-    from ledger.schema import ledger_events, run_heads
+    from ledger.schema import ledger_events, run_heads, version_uses
 
     engine = sa.create_engine(url)
     try:
@@ -157,11 +177,14 @@ def plant_event(
                 cell_id=cell_id, epoch=epoch, idempotency_key=key, payload=payload,
                 recorded_at=recorded_at,
             )
+            step, uses = derived_rows(run_id, seq, kind, payload)
             conn.execute(ledger_events.insert().values(
                 run_id=run_id, seq=seq, kind=kind, version=version, cell_id=cell_id,
                 epoch=epoch, idempotency_key=key, payload=payload, prev_hash=prev,
-                hash=digest, recorded_at=recorded_at,
+                hash=digest, recorded_at=recorded_at, train_step=step,
             ))
+            if uses:
+                conn.execute(version_uses.insert(), uses)
             if move_head and head is not None:
                 values = {"last_seq": seq, "head_hash": digest}
                 if version is not None:

@@ -25,6 +25,7 @@ from ledger import Ledger
 from ledger.cli.app import app
 from ledger.events import event_hash
 from tests.cli_scenario import RUN_ID, build_run, frozen_clock
+from tests.ledger_helpers import derived_rows
 
 ENV = {"COLUMNS": "120", "LEDGER_DB": None}
 READ_ONLY_COMMANDS = [
@@ -184,12 +185,18 @@ def _plant_event(url: str, *, kind: str, cell_id: str, epoch: int, payload: dict
         )
         conn.execute(
             sa.text("INSERT INTO ledger_events (run_id, seq, kind, version, cell_id, epoch, "
-                    "idempotency_key, payload, prev_hash, hash, recorded_at) VALUES (:r, :seq, "
-                    ":kind, :version, :cell, :epoch, :key, :payload, :prev, :hash, :at)"),
+                    "idempotency_key, payload, prev_hash, hash, recorded_at, train_step) "
+                    "VALUES (:r, :seq, :kind, :version, :cell, :epoch, :key, :payload, :prev, "
+                    ":hash, :at, :step)"),
             {"r": RUN_ID, "seq": seq, "kind": kind, "version": version, "cell": cell_id,
              "epoch": epoch, "key": key, "payload": json.dumps(payload),
-             "prev": head.head_hash, "hash": digest, "at": recorded_at},
+             "prev": head.head_hash, "hash": digest, "at": recorded_at,
+             "step": derived_rows(RUN_ID, seq, kind, payload)[0]},
         )
+        for use in derived_rows(RUN_ID, seq, kind, payload)[1]:
+            conn.execute(sa.text("INSERT INTO version_uses (run_id, version, seq, train_step, "
+                                 "samples) VALUES (:run_id, :version, :seq, :train_step, "
+                                 ":samples)"), use)
         conn.execute(
             sa.text("UPDATE run_heads SET last_seq = :seq, head_hash = :hash, "
                     "head_version = :version, publisher_cell = :publisher WHERE run_id = :r"),

@@ -110,3 +110,57 @@ def test_golden_output(scenario: Path, name: str):
         golden.parent.mkdir(parents=True, exist_ok=True)
         golden.write_text(output)
     assert output == golden.read_text()
+
+
+FAST = [name for name in CASES if CASES[name][0] in ("status", "lag", "show", "lineage")
+        or CASES[name][:2] == ["--run", "run-b"] and CASES[name][2] in ("show", "lineage")]
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_the_fast_path_prints_the_golden_output(
+    scenario: Path, name: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """``ledger status``/``lag``/``show``/``lineage`` answer without the typer app
+    (ledger.cli.fast): the same bytes as the app's, golden file for golden file."""
+    from ledger.cli import fast
+
+    monkeypatch.setenv("COLUMNS", "120")
+    monkeypatch.delenv("LEDGER_DB", raising=False)
+
+    code = fast.run(["--db", f"sqlite:///{scenario / 'ledger.db'}", *CASES[name]])
+
+    captured = capsys.readouterr()
+    assert code == 0 and captured.err == ""
+    assert captured.out.replace(str(scenario), "<TMP>") == (GOLDEN / f"{name}.txt").read_text()
+
+
+@pytest.mark.parametrize("args", [
+    ["--run", "nope", "status"], ["show", "99"], ["show"], ["lineage", "--step", "77"],
+])
+def test_the_fast_path_reports_errors_as_the_app_does(
+    scenario: Path, args: list[str], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    from ledger.cli import fast
+
+    monkeypatch.delenv("LEDGER_DB", raising=False)
+    argv = ["--db", f"sqlite:///{scenario / 'ledger.db'}", *args]
+    expected = CliRunner().invoke(app, argv, env={"COLUMNS": "120", "LEDGER_DB": None})
+
+    code = fast.run(argv)
+
+    captured = capsys.readouterr()
+    assert (code, captured.out, captured.err) == \
+        (expected.exit_code, expected.stdout, expected.stderr)
+    assert code == 2 and captured.err.startswith("ledger: error: ")
+
+
+@pytest.mark.parametrize("args", [
+    ["status", "--help"], ["status", "-o", "yaml"], ["show", "-1"], ["log"],
+    ["status", "--bogus"], ["-o", "json", "status"], ["show", "x"],
+])
+def test_anything_but_a_plain_read_command_goes_to_the_app(args: list[str]):
+    from ledger.cli import fast
+
+    assert fast.run(args) is None

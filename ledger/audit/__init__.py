@@ -11,6 +11,9 @@ so a run cannot vanish from the audit by losing a row:
 - ``runs`` rows, ``run_heads`` rows and events must all exist for a run (``no_run_row``,
   ``no_head_row``, ``no_events``);
 - the head row must equal the replay (``head_mismatch``);
+- each event's ``train_step`` column and each step's ``version_uses`` rows must equal what
+  its payload says (``train_step_column``, ``version_uses_mismatch``:
+  :mod:`ledger.audit.derived_checks`);
 - ``runs.config`` must equal the config hashed into ``run_started`` (``config_mismatch``), and
   hold no credential.
 
@@ -74,6 +77,9 @@ class AuditSource(Protocol):
     def earlier_keys(self, run_id: str, keys: list[str], before_seq: int) -> dict[str, int]:
         """key -> seq of events below ``before_seq`` that hold one of ``keys``."""
 
+    def version_uses_from(self, run_id: str, first_seq: int = 1) -> dict[int, dict[int, tuple]]:
+        """seq -> {version: (train_step, samples)} of ``version_uses`` rows from ``first_seq``."""
+
 
 _STORED = (("projection_snapshots", "snapshot"), ("audit_checkpoints", "audit_checkpoint"))
 
@@ -103,6 +109,8 @@ def verify(
             None if start is None else
             (lambda keys, rid=record.run_id, below=start.progress.last_seq + 1:
              source.earlier_keys(rid, keys, below)),
+            source.version_uses_from(
+                record.run_id, 1 if start is None else start.progress.last_seq + 1),
         )
         report.verified_from[record.run_id] = checker.expected_seq
         report.witnesses_checked += len(checker.witnesses)

@@ -5,7 +5,8 @@ that only grow and publisher events carrying the epoch current at their seq, (4)
 after a promotion of their cell and never from a fenced epoch, (5) engines stamped only with
 committed versions, (6) the negative-staleness count a finished run reports, and (7) the
 provenance of every training step and the prompt account (:mod:`ledger.audit.provenance_checks`).
-Beside these: a first event that is ``run_started``, known kinds, a non-null idempotency key
+Beside these: the rows the append derives from payloads (:mod:`ledger.audit.derived_checks`),
+a first event that is ``run_started``, known kinds, a non-null idempotency key
 that no other event of the run holds, no credential in any payload, and every witness at its
 seq.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from ledger.audit.derived_checks import DerivedRowChecker
 from ledger.audit.provenance_checks import ProvenanceChecker
 from ledger.audit.state import AuditState
 from ledger.events import (
@@ -46,7 +48,8 @@ class EventChecker:
 
     def __init__(self, run_id: str, witnesses: Iterable[Witness] = (),
                  start: AuditState | None = None,
-                 earlier_keys: Callable[[list[str]], dict[str, int]] | None = None) -> None:
+                 earlier_keys: Callable[[list[str]], dict[str, int]] | None = None,
+                 version_uses: dict[int, dict[int, tuple]] | None = None) -> None:
         self.run_id = run_id
         self.state = start if start is not None else AuditState()
         self.problems: list[Problem] = []
@@ -58,6 +61,8 @@ class EventChecker:
         self._pending_keys: list[tuple[str, int]] = []
         self.witnesses: dict[int, list[Witness]] = {}
         self.provenance = ProvenanceChecker(self.problem)
+        self.derived = DerivedRowChecker(self.problem, version_uses or {})
+        self.hash_ok = True
         for witness in witnesses:
             self.witnesses.setdefault(witness.seq, []).append(witness)
 
@@ -70,8 +75,7 @@ class EventChecker:
             self.first_event = event
         if self.state.first_kind is None:
             self.state.first_kind = event.kind
-        payload_json = canonical_json(event.payload)
-        self._check_chain(event, payload_json)
+        payload_json = self._check_chain(event)
         self._check_key(event)
         if contains_secret(event.payload, payload_json):
             self.problem(
@@ -107,6 +111,11 @@ class EventChecker:
                     event.seq, "negative_staleness", f"{negative} negative staleness values"
                 )
         self.provenance.check(event, self.state.progress)
+        if self.hash_ok:  # a tampered payload is named; its copies cannot be judged by it
+            self.derived.check(
+                event, self.provenance.parsed if event.kind == EventKind.BATCH_TRAINED else None)
+        else:
+            self.derived.uses.pop(event.seq, None)
         self._fold(event)
         self._check_witnesses(event)
 
@@ -121,32 +130,38 @@ class EventChecker:
         """After the last event: keys also held by earlier events (an audit that started
         from a checkpoint), and witnesses past the end (they saw a ledger not here any more)."""
         self._flush_keys()
+        self.derived.finish()
         for seq in sorted(self.witnesses):
             if seq > self.state.progress.last_seq:
                 for witness in self.witnesses[seq]:
                     self.problems.append(_behind(witness, self.state))
         self.witnesses.clear()
 
-    def _check_chain(self, event: Event, payload_json: str) -> None:
+    def _check_chain(self, event: Event) -> str:
+        """Check the event's place in the chain and its hash; returns its canonical payload
+        JSON."""
         if event.seq != self.expected_seq:
             self.problem(
                 event.seq, "seq_gap", f"expected seq {self.expected_seq}, found {event.seq}"
             )
         if event.prev_hash != self.prev_hash:
             self.problem(event.seq, "hash_chain", "prev_hash does not match the previous event")
-        recomputed = event_hash(
+        fields = dict(
             prev_hash=event.prev_hash, run_id=event.run_id, seq=event.seq, kind=event.kind,
             version=event.version, cell_id=event.cell_id, epoch=event.epoch,
             idempotency_key=event.idempotency_key, payload=event.payload,
-            recorded_at=event.recorded_at, payload_json=payload_json,
+            recorded_at=event.recorded_at,
         )
-        if recomputed != event.hash:
+        payload_json = canonical_json(event.payload)
+        self.hash_ok = event_hash(**fields, payload_json=payload_json) == event.hash
+        if not self.hash_ok:
             self.problem(
                 event.seq, "hash_mismatch",
                 "stored hash does not match the event's contents (tampered or corrupt)",
             )
         self.expected_seq = event.seq + 1
         self.prev_hash = event.hash
+        return payload_json
 
     def _check_key(self, event: Event) -> None:
         key = event.idempotency_key

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ledger.errors import LedgerError
+from ledger.errors import QueryError
 from ledger.events import EventKind
 from ledger.redact import url_without_password
 from ledger.run_layout import (
@@ -33,10 +33,6 @@ __all__ = [
     "parse_range",
     "parse_time",
 ]
-
-
-class QueryError(LedgerError):
-    """A command-line argument the ledger cannot answer: bad range, time, kind, version, run."""
 
 
 def database_url(db: str | None, run_id: str | None = None) -> str:

@@ -14,14 +14,16 @@ from the ledger alone: commits (who produced a version), ``engines_stamped`` (wh
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ledger.cli.args import QueryError
 from ledger.epochs import dataset_rows, epoch_account
 from ledger.progress import Progress
-from ledger.projections import RunState
 from ledger.events import Event
 from ledger.provenance import BatchView, PromptLedger
+
+if TYPE_CHECKING:  # folded by the caller; `show` and `lineage --step` never fold
+    from ledger.projections import RunState
 
 __all__ = ["prompt_account", "step_lineage", "summary_line", "version_lineage"]
 

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
@@ -35,10 +35,12 @@ from ledger.errors import UnknownRunError
 from ledger.events import Event, EventKind
 from ledger.migrate import head_revision
 from ledger.progress import load_progress
-from ledger.projections import RunState, fold
 from ledger.cli.session import run_header, select_run, snapshot
 from ledger.store.reads import Reader
 from ledger.store import Ledger
+
+if TYPE_CHECKING:  # the read model (and the payload models it reads through) is loaded by
+    from ledger.projections import RunState  # the commands that fold, not by `status`
 
 __all__ = [
     "LogAnswer",
@@ -77,6 +79,8 @@ def replay(url: str, run_id: str | None) -> tuple[dict[str, Any], RunState]:
     """The run's header and its state (the read model) folded from every event up to it."""
     with snapshot(url) as (ledger, reader):
         run_id, head = select_run(ledger, reader, run_id)
+        from ledger.projections import fold
+
         return run_header(run_id, head), fold(run_id, reader.events(run_id, 1, head.seq))
 
 
@@ -117,6 +121,8 @@ def _replay_with_nodes(url: str, run_id: str | None
     with snapshot(url) as (ledger, reader):
         run_id, head = select_run(ledger, reader, run_id)
         events = list(reader.events(run_id, 1, head.seq))
+    from ledger.projections import fold
+
     return run_header(run_id, head), fold(run_id, events), _Nodes.of(events)
 
 

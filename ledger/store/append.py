@@ -62,6 +62,7 @@ def row_to_event(row: sa.Row) -> Event:
         cell_id=row.cell_id,
         epoch=row.epoch,
         idempotency_key=row.idempotency_key,
+        train_step=getattr(row, "train_step", None),
     )
 
 

@@ -31,6 +31,7 @@ from sqlalchemy import event as sa_event
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
 from ledger.errors import LedgerError, LedgerUnavailableError
+from ledger.events import compact_json
 from ledger.redact import redact_text, redact_url
 
 __all__ = [
@@ -86,7 +87,7 @@ def create_engine(url: sa.URL, readonly: bool) -> sa.Engine:
         LedgerError: a reader's SQLite file does not exist.
     """
     if url.get_backend_name() == "postgresql":
-        engine = sa.create_engine(url, pool_pre_ping=True)
+        engine = sa.create_engine(url, pool_pre_ping=True, json_serializer=compact_json)
         if readonly:
             engine = engine.execution_options(postgresql_readonly=True)
         return engine
@@ -100,13 +101,14 @@ def _create_sqlite_engine(path: Path, readonly: bool) -> sa.Engine:
         # mode=ro: a reader never creates the file, a table, or takes the write lock.
         uri = f"file:{quote(str(path.resolve()))}?mode=ro"
         engine = sa.create_engine(
-            "sqlite://",
+            "sqlite://", json_serializer=compact_json,
             creator=lambda: sqlite3.connect(uri, uri=True, check_same_thread=False),
         )
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         engine = sa.create_engine(
-            f"sqlite:///{path}", connect_args={"check_same_thread": False}
+            f"sqlite:///{path}", connect_args={"check_same_thread": False},
+            json_serializer=compact_json,
         )
 
     @sa_event.listens_for(engine, "connect")

@@ -103,11 +103,13 @@ def _record(
 # Event pages are read as plain text SQL, without SQLAlchemy's result processing: decoding
 # the time and the JSON here is several times cheaper per row, and verify reads every row.
 _EVENT_COLUMNS = ("run_id, seq, kind, version, cell_id, epoch, idempotency_key, payload, "
-                  "prev_hash, hash, recorded_at")
+                  "prev_hash, hash, recorded_at, train_step")
 _EVENT_PAGE = sa.text(
     f"SELECT {_EVENT_COLUMNS} FROM ledger_events WHERE run_id = :run_id AND seq >= :first "
     "AND seq <= :last ORDER BY seq LIMIT :limit"
 )
+_USES_FROM = sa.text("SELECT seq, version, train_step, samples FROM version_uses "
+                     "WHERE run_id = :run_id AND seq >= :first")
 _NO_END = 2**62
 # A literal, not a bound parameter: SQLite uses the partial index on batch_trained rows only
 # when the query's term matches the index's WHERE as written.
@@ -121,7 +123,7 @@ def _raw_event(row: Any) -> Event:
         ValueError, TypeError: corrupt JSON or time.
     """
     (run_id, seq, kind, version, cell_id, epoch, key, payload, prev_hash, digest,
-     recorded_at) = row
+     recorded_at, train_step) = row
     if not isinstance(payload, dict):
         payload = json.loads(payload)
         if not isinstance(payload, dict):
@@ -130,7 +132,7 @@ def _raw_event(row: Any) -> Event:
         recorded_at = datetime.fromisoformat(recorded_at)
     return Event(run_id=run_id, seq=seq, kind=kind, payload=payload, recorded_at=recorded_at,
                  prev_hash=prev_hash, hash=digest, version=version, cell_id=cell_id,
-                 epoch=epoch, idempotency_key=key)
+                 epoch=epoch, idempotency_key=key, train_step=train_step)
 
 
 def head_from_row(row: Any) -> Head:
@@ -236,13 +238,14 @@ class Reader:
             .order_by(version_uses.c.seq)
         ))
 
-    def all_version_uses(self, run_id: str, after_seq: int = 0) -> list[sa.Row]:
-        """Every ``version_uses`` row of the run with ``seq > after_seq`` (verify's re-derive)."""
-        return list(self.conn.execute(
-            sa.select(version_uses)
-            .where(version_uses.c.run_id == run_id, version_uses.c.seq > after_seq)
-            .order_by(version_uses.c.seq, version_uses.c.version)
-        ))
+    def version_uses_from(self, run_id: str, first_seq: int = 1) -> dict[int, dict[int, tuple]]:
+        """seq -> {version: (train_step, samples)} of the run's ``version_uses`` rows with
+        ``seq >= first_seq`` (what verify re-derives from the payloads; one range scan)."""
+        found: dict[int, dict[int, tuple]] = {}
+        for seq, version, train_step, samples in self.conn.execute(_USES_FROM, {
+                "run_id": run_id, "first": first_seq}):
+            found.setdefault(seq, {})[version] = (train_step, samples)
+        return found
 
     def events_of_kind(self, run_id: str, kind: str, first_seq: int, last_seq: int
                        ) -> list[Event]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ledger import Event, EventKind, Ledger, RunState
+from ledger.payloads import CellState, RunFinished
 from ledger.projections import CommitView
 
 __all__ = [
@@ -52,7 +53,7 @@ class DrillRunState(RunState):
         elif event.kind == EventKind.RUN_RESUMED:
             self.resumed.append(event)
         elif (event.kind == EventKind.CELL_STATE and event.cell_id is not None
-              and event.payload.get("state") == "healed"):
+              and event.payload_as(CellState).state == "healed"):
             self.healed.append((event.seq, event.cell_id))
 
     def healed_since(self, seq: int) -> set[str]:
@@ -153,7 +154,7 @@ def check_run(ledger: Ledger, run_id: str, *, expect_finished: bool = True) -> C
         elif expect_finished:
             report.problems.append("the run did not finish (no run_finished event)")
         return report
-    report.negative_staleness = int(finished.payload.get("negative_staleness_total", 0))
+    report.negative_staleness = finished.payload_as(RunFinished).negative_staleness_total
     report.prompts_unaccounted = int(finished.payload.get("prompts_unaccounted", 0))
     # The audit flags a negative count too; this line gives the drill's figure in its words.
     if report.negative_staleness:
