@@ -17,11 +17,31 @@ With partial rollout a response's tokens may come from several weight versions (
 paused the engine mid-response); each token's rollout log-prob is the one of the weights that
 produced it (``Sample.token_versions`` names them), so the ratio is exact per token and nothing
 here depends on how many versions a sample spans.
+
+Off-policy correction (``GRPOConfig.off_policy_correction``, :class:`OffPolicyCorrection`):
+
+- ``none``: the above; the PPO ratio is taken against the behaviour policy (the engine's
+  log-probs). A stale token whose ratio left the clip range gets no gradient at all.
+- ``decoupled``: AReaL's decoupled PPO (Fu et al. 2025). The PPO ratio is taken against the
+  *proximal* policy, the trainer's weights at the start of the step, and the behaviour
+  importance weight ``w = pi_prox / pi_behav`` multiplies the clipped objective as a constant,
+  truncated to ``min(w, tis_cap)``. The trainer takes one optimizer step per batch, so the
+  proximal log-probs are this forward pass's own, detached (exact, no extra forward pass); a
+  batch that carries ``proximal_log_probs`` (several optimizer steps per batch) uses those.
+- ``tis``: miles' ``--use-tis`` (truncated importance sampling): the same decoupled form (in
+  miles the PPO ratio is against the trainer's own log-probs at the start of the step, which
+  is the proximal policy here), with ``w`` clamped into ``[tis_clip_low, tis_cap]``.
+
+With behaviour == proximal (no staleness, no engine/trainer mismatch) ``w`` is 1 and the ratio
+is the same in every mode, so all three give the same loss and gradient. Metrics (prefix
+``off_policy/``): quantiles of ``w``, the fraction of tokens whose ``w`` was truncated, and the
+k3 estimate of KL(behaviour || proximal), ``E[(w - 1) - log w]`` over response tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+import enum
 from dataclasses import dataclass, replace
 
 import torch
@@ -30,20 +50,42 @@ from torch import nn
 
 from orchestrator.rollout.types import Sample, SampleStatus
 
-__all__ = ["GRPOConfig", "TrainBatch", "build_train_batch", "grpo_loss", "group_advantages",
-           "token_log_probs"]
+__all__ = ["GRPOConfig", "OffPolicyCorrection", "TrainBatch", "behaviour_weights",
+           "build_train_batch", "grpo_loss", "group_advantages", "token_log_probs"]
+
+OFF_POLICY_PREFIX = "off_policy/"
+
+
+class OffPolicyCorrection(enum.StrEnum):
+    """How the loss corrects for tokens sampled by older weights (module docstring)."""
+
+    NONE = "none"
+    DECOUPLED = "decoupled"
+    TIS = "tis"
 
 
 @dataclass(frozen=True)
 class GRPOConfig:
     """Knobs of the objective. ``temperature`` must equal the engines' sampling temperature;
-    ``dual_clip`` None turns the dual clip off."""
+    ``dual_clip`` None turns the dual clip off. ``tis_cap`` bounds the behaviour importance
+    weight from above (``decoupled`` and ``tis``), ``tis_clip_low`` from below (``tis`` only).
+    """
 
     clip_low: float = 0.2
     clip_high: float = 0.28
     dual_clip: float | None = 3.0
     temperature: float = 1.0
     advantage_eps: float = 1e-6
+    off_policy_correction: OffPolicyCorrection = OffPolicyCorrection.NONE
+    tis_cap: float = 5.0
+    tis_clip_low: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "off_policy_correction",
+                           OffPolicyCorrection(self.off_policy_correction))
+        if not 0.0 <= self.tis_clip_low <= 1.0 <= self.tis_cap:
+            raise ValueError(f"need 0 <= tis_clip_low <= 1 <= tis_cap, got "
+                             f"{self.tis_clip_low}, {self.tis_cap}")
 
 
 def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
@@ -60,7 +102,8 @@ class TrainBatch:
     """Padded tensors of one training batch (n sequences of length L).
 
     ``loss_mask[i, t]`` is 1 where token ``t + 1`` of sequence ``i`` is a response token;
-    ``rollout_log_probs`` is aligned with it.
+    ``rollout_log_probs`` (the behaviour policy's, per token) is aligned with it, and so is
+    ``proximal_log_probs`` when given (None: this step's own forward pass, detached).
     """
 
     tokens: torch.Tensor  # [n, L] long
@@ -69,6 +112,7 @@ class TrainBatch:
     advantages: torch.Tensor  # [n] float
     rewards: torch.Tensor  # [n] float
     skipped_samples: int = 0
+    proximal_log_probs: torch.Tensor | None = None  # [n, L-1] float
 
     @property
     def num_tokens(self) -> int:
@@ -78,9 +122,11 @@ class TrainBatch:
         """This batch with its tensors on ``device`` (itself when they are there already)."""
         if self.tokens.device == device:
             return self
+        proximal = self.proximal_log_probs
         return replace(self, tokens=self.tokens.to(device), loss_mask=self.loss_mask.to(device),
                        rollout_log_probs=self.rollout_log_probs.to(device),
-                       advantages=self.advantages.to(device), rewards=self.rewards.to(device))
+                       advantages=self.advantages.to(device), rewards=self.rewards.to(device),
+                       proximal_log_probs=None if proximal is None else proximal.to(device))
 
 
 def build_train_batch(groups: Sequence[Sequence[Sample]], pad_id: int,
@@ -140,13 +186,51 @@ def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor,
     return F.log_softmax(scaled.float(), dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
 
 
+def behaviour_weights(proximal_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor,
+                      mask: torch.Tensor, config: GRPOConfig
+                      ) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The per-token behaviour importance weight ``pi_prox / pi_behav`` as ``config`` bounds it
+    (None for ``none``: no weight applied), and the ``off_policy/`` metrics over the response
+    tokens (``mask > 0``). No gradient flows through either."""
+    with torch.no_grad():
+        log_weight = (proximal_log_probs.detach() - behaviour_log_probs) * mask
+        raw = torch.exp(log_weight)
+        correction = config.off_policy_correction
+        weight: torch.Tensor | None = None
+        if correction is OffPolicyCorrection.DECOUPLED:
+            weight = raw.clamp(max=config.tis_cap)
+        elif correction is OffPolicyCorrection.TIS:
+            weight = raw.clamp(min=config.tis_clip_low, max=config.tis_cap)
+        tokens = mask > 0
+        count = max(int(tokens.sum().item()), 1)
+        values = raw[tokens] if tokens.any() else raw.new_ones(1)
+        quantiles = torch.quantile(values.float(), values.new_tensor([0.5, 0.9, 0.99]).float())
+        truncated = 0.0 if weight is None else float(((weight != raw) & tokens).sum()) / count
+        metrics = {
+            OFF_POLICY_PREFIX + "ratio_p50": float(quantiles[0]),
+            OFF_POLICY_PREFIX + "ratio_p90": float(quantiles[1]),
+            OFF_POLICY_PREFIX + "ratio_p99": float(quantiles[2]),
+            OFF_POLICY_PREFIX + "ratio_max": float(values.max()),
+            OFF_POLICY_PREFIX + "truncated_fraction": truncated,
+            OFF_POLICY_PREFIX + "behaviour_kl_k3": float(
+                ((raw - 1.0) - log_weight).mul(mask).sum() / count),
+        }
+    return weight, metrics
+
+
 def grpo_loss(model: nn.Module, batch: TrainBatch,
               config: GRPOConfig) -> tuple[torch.Tensor, dict[str, float]]:
-    """The clipped GRPO loss of ``batch`` under ``model`` (differentiable) and its metrics."""
+    """The clipped GRPO loss of ``batch`` under ``model`` (differentiable) and its metrics,
+    with the off-policy correction ``config`` names (module docstring)."""
     log_probs = token_log_probs(model(batch.tokens), batch.tokens, config.temperature)
     mask = batch.loss_mask
     num_tokens = mask.sum().clamp(min=1.0)
-    log_ratio = (log_probs - batch.rollout_log_probs) * mask
+    proximal = (log_probs.detach() if batch.proximal_log_probs is None
+                else batch.proximal_log_probs)
+    weight, off_policy_metrics = behaviour_weights(proximal, batch.rollout_log_probs, mask,
+                                                   config)
+    anchor = batch.rollout_log_probs if weight is None else proximal
+    log_ratio = (log_probs - anchor) * mask
     ratio = torch.exp(log_ratio)
     advantages = batch.advantages[:, None].expand_as(ratio)
     unclipped = ratio * advantages
@@ -157,6 +241,8 @@ def grpo_loss(model: nn.Module, batch: TrainBatch,
         bound = config.dual_clip * advantages
         dual_clipped = (advantages < 0) & (objective < bound)
         objective = torch.where(dual_clipped, bound, objective)
+    if weight is not None:
+        objective = objective * weight
     loss = -(objective * mask).sum() / num_tokens
     with torch.no_grad():
         was_clipped = ((unclipped != clipped) & (mask > 0)).float().sum() / num_tokens
@@ -170,5 +256,6 @@ def grpo_loss(model: nn.Module, batch: TrainBatch,
             "num_tokens": float(num_tokens.item()),
             "num_samples": float(batch.tokens.shape[0]),
             "skipped_samples": float(batch.skipped_samples),
+            **off_policy_metrics,
         }
     return loss, metrics

@@ -190,6 +190,22 @@ class RunConfig(DeviceOptions, TaskOptions):
                     "most eps_clip_c * |advantage| to the loss, however far off-policy it is; "
                     "null in --config turns it off",
     )
+    off_policy_correction: Literal["none", "decoupled", "tis"] = Field(
+        default="none",
+        description="how the loss corrects for tokens sampled by older weights: none (PPO ratio "
+                    "against the engine's log-probs), decoupled (AReaL: PPO ratio against the "
+                    "trainer's weights at the start of the step, times the behaviour importance "
+                    "weight truncated at --tis-cap), tis (miles' --use-tis: the same, weight "
+                    "clamped into [--tis-clip-low, --tis-cap])",
+    )
+    tis_cap: float = Field(
+        default=5.0, ge=1.0,
+        description="upper bound of the behaviour importance weight (decoupled and tis)",
+    )
+    tis_clip_low: float = Field(
+        default=0.0, ge=0.0, le=1.0,
+        description="lower bound of the behaviour importance weight (tis only)",
+    )
 
     # Sampling.
     temperature: float = Field(default=1.0, gt=0.0, description="sampling temperature")

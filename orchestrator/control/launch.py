@@ -259,7 +259,9 @@ def create_cell(config: RunConfig, cell_id: str):
     from actors.grpo import GRPOConfig
 
     objective = GRPOConfig(clip_low=config.eps_clip, clip_high=config.eps_clip_high,
-                           dual_clip=config.eps_clip_c, temperature=config.temperature)
+                           dual_clip=config.eps_clip_c, temperature=config.temperature,
+                           off_policy_correction=config.off_policy_correction,
+                           tis_cap=config.tis_cap, tis_clip_low=config.tis_clip_low)
     if config.engine == "vllm":
         from orchestrator.control.engines.vllm_launch import create_llama_cell
 
