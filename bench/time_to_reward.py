@@ -2,6 +2,7 @@
 
     python bench/time_to_reward.py [--steps 100] [--seeds 1 2 3] [--threshold 0.4]
                                    [--engines cpu device] [--device-ms-per-token 15] [--quick]
+                                   [--corrections none decoupled tis]
 
 What a user buys fully-async for is reaching a given reward sooner, not steps per second. On
 the default task and config, each mode (``sync``, ``async``, ``async+partial``; see
@@ -10,6 +11,8 @@ for each engine set-up. Per run: the steps and the wall seconds until the rollin
 (window 5) first reaches ``--threshold`` (seconds from the end of step 1, so the start-up and
 the first drain, the same in every mode, are left out), and the final reward (mean of the last
 5 steps). Per mode: medians over the seeds, and the ratios of the medians to sync's.
+``--corrections`` runs each async mode once per ``--off-policy-correction`` (label
+``async/decoupled``; sync, on-policy, runs with the RunConfig default), alternating with the rest.
 
 Prints tables; asserts nothing.
 """
@@ -36,6 +39,14 @@ from _report import machine_line, rotated
 from orchestrator.config import RunConfig
 
 
+def with_corrections(modes: list[str], corrections: list[str] | None) -> list[str]:
+    """Each async mode label once per correction (``async/decoupled``); sync once, as is."""
+    if not corrections:
+        return list(modes)
+    return [m if is_sync(m) else f"{m}/{c}" for m in modes
+            for c in ([None] if is_sync(m) else corrections)]
+
+
 def _median(values: list[float | None]) -> float | None:
     """The median of the runs that got there; None if fewer than half did."""
     reached = [v for v in values if v is not None]
@@ -58,11 +69,14 @@ def main() -> None:
     parser.add_argument("--staleness", type=int, nargs="+", default=None,
                         help="run each async mode at each of these max_weight_staleness values "
                              "(default: the RunConfig default only)")
+    parser.add_argument("--corrections", nargs="+", choices=["none", "decoupled", "tis"],
+                        default=None, help="run each async mode with each of these "
+                        "off-policy corrections (default: the RunConfig default only)")
     parser.add_argument("--device-ms-per-token", type=float, default=15.0)
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 12 steps, seed 1, threshold 0.05, device engines")
     args = parser.parse_args()
-    args.modes = expand_modes(args.modes, args.staleness)
+    args.modes = with_corrections(expand_modes(args.modes, args.staleness), args.corrections)
     if args.quick:
         args.steps, args.seeds, args.threshold, args.engines = 12, [1], 0.05, ["device"]
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
@@ -78,14 +92,17 @@ def main() -> None:
             for engines in args.engines:
                 factory = engine_factory(engines, args.device_ms_per_token)
                 for mode in rotated(args.modes, index):
-                    slug = mode.replace("+", "-").replace("@", "-s")
-                    records = run_mode(base, mode, Path(tmp), factory,
+                    label, _, correction = mode.partition("/")
+                    slug = mode.replace("+", "-").replace("@", "-s").replace("/", "-")
+                    config = (base.model_copy(update={"off_policy_correction": correction})
+                              if correction else base)
+                    records = run_mode(config, label, Path(tmp), factory,
                                        f"ttr-{engines}-{slug}-seed{seed}")
                     steps, seconds = time_to_reward(records, args.threshold, args.window)
                     stats = run_stats(records)
                     results.setdefault((engines, mode), []).append(
                         (steps, seconds, stats.final_reward, stats.s_per_step))
-                    print(f"  seed {seed} {engines:6} {mode:14} reached at step "
+                    print(f"  seed {seed} {engines:6} {mode:22} reached at step "
                           f"{_text(steps, 'd')} ({_text(seconds, '.1f')} s), final reward "
                           f"{stats.final_reward:.3f}, {stats.s_per_step:.3f} s/step, "
                           f"staleness avg {stats.staleness_avg:.2f}", flush=True)
