@@ -67,6 +67,7 @@ drills: install-vllm
 
 # Every benchmark, in one session (the README tables come from one such run); each prints a
 # table and asserts nothing. `make bench ARGS=--quick` is a smoke run of the first five.
+# bench/vs_peer.py (TRL side by side) runs when the bench and vllm extras are installed.
 bench: install
 	$(BIN)/python bench/ledger_append.py $(ARGS)
 	$(BIN)/python bench/ledger_growth.py $(ARGS)
@@ -76,6 +77,8 @@ bench: install
 	$(BIN)/python bench/async_vs_sync.py $(ARGS)
 	$(BIN)/python bench/time_to_reward.py $(ARGS)
 	$(BIN)/python bench/failover.py --repeat 3
+	@if $(BIN)/python -c "import trl, vllm" 2>/dev/null; then $(BIN)/python bench/vs_peer.py $(ARGS); \
+	else echo "bench/vs_peer.py: skipped, needs trl and vllm (pip install -e '.[bench,vllm]')"; fi
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
