@@ -72,6 +72,8 @@ def main() -> None:
     parser.add_argument("--corrections", nargs="+", choices=["none", "decoupled", "tis"],
                         default=None, help="run each async mode with each of these "
                         "off-policy corrections (default: the RunConfig default only)")
+    parser.add_argument("--tis-cap", type=float, default=None,
+                        help="the corrections' --tis-cap (default: the RunConfig default)")
     parser.add_argument("--device-ms-per-token", type=float, default=15.0)
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 12 steps, seed 1, threshold 0.05, device engines")
@@ -88,7 +90,8 @@ def main() -> None:
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         for index, seed in enumerate(args.seeds):
-            base = RunConfig(num_rollout=args.steps, seed=seed, save_interval=10**6)
+            base = RunConfig(num_rollout=args.steps, seed=seed, save_interval=10**6,
+                             **({} if args.tis_cap is None else {"tis_cap": args.tis_cap}))
             for engines in args.engines:
                 factory = engine_factory(engines, args.device_ms_per_token)
                 for mode in rotated(args.modes, index):
