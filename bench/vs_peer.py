@@ -37,6 +37,7 @@ from datetime import datetime
 from pathlib import Path
 
 from _report import machine_line, rotated
+from ledger.run_layout import REWARD_KEY
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -188,7 +189,7 @@ def run_ours(mode: str, model: Path, seed: int, steps: int, work: Path) -> Run:
         raise RuntimeError(f"rl-ledger {mode} failed ({done.returncode}): "
                            f"{(done.stdout + done.stderr)[-2000:]}")
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return Run(launched, exited, [r["reward"] for r in records],
+    return Run(launched, exited, [r[REWARD_KEY] for r in records],
                [datetime.fromisoformat(r["time"]).timestamp() for r in records])
 
 
@@ -243,7 +244,10 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 summary = summarise(run, args.threshold)
                 results[side].append(summary)
-                print(f"  seed {seed} {side:17} {summary}", flush=True)
+                print(f"  seed {seed} {side:17} " + ", ".join(
+                    f"{key} {'never' if value is None else format(value, form)}"
+                    for key, _, form in COLUMNS
+                    for value in [getattr(summary, key)]), flush=True)
     print()
     print(table(results, args.threshold))
     return 0
