@@ -123,7 +123,8 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 
 def table(results: dict[str, list[Summary]], threshold: float) -> str:
     """The markdown tables: medians (min-max) per side, then each median over TRL's."""
-    head = " | ".join(title.replace("reward", f"reward {threshold:g}") for _, title, _ in COLUMNS)
+    head = " | ".join(title.replace("to reward", f"to reward {threshold:g}")
+                      for _, title, _ in COLUMNS)
     lines = [f"| side | runs | {head} |", "|---|---|" + "---|" * len(COLUMNS)]
     for side, rows in results.items():
         cells = " | ".join(_spread([getattr(r, key) for r in rows], form)
