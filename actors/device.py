@@ -23,13 +23,11 @@ from typing import Any
 
 import torch
 
+from actors.errors import DeviceError
+
 __all__ = ["DTYPES", "DeviceError", "autocast", "cpu_copy", "select_device", "torch_dtype"]
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-class DeviceError(RuntimeError):
-    """The device an actor was given cannot be used (CUDA asked for, none visible)."""
 
 
 def select_device(name: str) -> torch.device:

@@ -1,12 +1,20 @@
-"""Errors raised by the actors. All of them pickle, so they cross Ray boundaries intact
-(``ray.get`` re-raises them as a ``RayTaskError`` that is also an instance of the class).
+"""Errors raised by the actors: one root, :class:`ActorError`. All of them pickle, so they
+cross Ray boundaries intact (``ray.get`` re-raises them as a ``RayTaskError`` that is also an
+instance of the class).
 
-    ActorError
+    ActorError (RuntimeError)
     ├── StaleEpochError      weight traffic from an epoch lower than one the engine has seen
     ├── EngineStateError     an engine asked to do something its state forbids
     ├── TransferError        engines disagree on what they received (checksum mismatch)
     ├── CollectiveError      cross-cell gradient averaging failed (peer died, timeout)
-    └── PolicyError          the policy cannot be built or loaded here
+    ├── PolicyError          the policy cannot be built or loaded here
+    ├── DeviceError          the device an actor was given cannot be used (no CUDA)
+    ├── InjectedFault        a fault armed on a weight update's named point (drills, tests)
+    ├── StorageError         also an OSError: a checkpoint location that cannot be used
+    └── RewardLoadError      also a ValueError: a reward function that cannot be loaded
+
+``StorageError`` and ``RewardLoadError`` keep their second base so callers that handle a
+missing file (``OSError``) or bad configuration (``ValueError``) handle them too.
 """
 
 from __future__ import annotations
@@ -14,9 +22,13 @@ from __future__ import annotations
 __all__ = [
     "ActorError",
     "CollectiveError",
+    "DeviceError",
     "EngineStateError",
+    "InjectedFault",
     "PolicyError",
+    "RewardLoadError",
     "StaleEpochError",
+    "StorageError",
     "TransferError",
 ]
 
@@ -61,3 +73,24 @@ class CollectiveError(ActorError):
 class PolicyError(ActorError):
     """The policy cannot be built here (unknown backend, foreign distributed world, ...) or
     given tensors do not fit it."""
+
+
+class DeviceError(ActorError):
+    """The device an actor was given cannot be used (CUDA asked for, none visible)."""
+
+
+class InjectedFault(ActorError):
+    """Raised at a weight update's armed point (:class:`actors.publishing.sequence.UpdatePoint`)
+    by a fault with the ``raise`` action: the update stops there as if that step failed."""
+
+
+class StorageError(ActorError, OSError):
+    """A storage location that cannot be used (relative path, unknown protocol, unreadable).
+
+    An ``OSError``, so callers that handle a missing file handle this too; the message is one
+    line naming the URL.
+    """
+
+
+class RewardLoadError(ActorError, ValueError):
+    """The reward function cannot be imported or is not callable (one line)."""

@@ -10,20 +10,28 @@ GPU of its own) that the control plane re-forms when membership changes
 cell computes on ``device`` in ``dtype`` (:mod:`actors.device`); its state and checkpoints
 leave it on the CPU, its weights by the object store or CUDA IPC (:mod:`actors.weight_paths`).
 
-One cell is the publisher (the newest ``cell_promoted`` in the ledger). Its weight update
-follows DESIGN section 5 through four public steps that :meth:`TrainCell.update_weights` calls
-in order, so a test or drill can stop between any two of them from outside:
+One cell is the publisher (the newest ``cell_promoted`` in the ledger). Its weight update is
+:meth:`TrainCell.update_weights`, which runs THE sequence,
+:func:`actors.publishing.sequence.update_weights` (DESIGN section 5), with this cell's weights:
 
-1. :meth:`begin_update`: ``weight_update_started`` (fenced), then pause every engine at epoch e.
-2. :meth:`transfer`: full parameters or LoRA adapters into every engine (no label change).
-3. :meth:`commit`: ``v = commit_weights(...)`` (fenced, idempotent per cell/epoch/step/checksum).
-4. :meth:`finalize`: the one ``finalize_and_resume_engines(v, e)``, then ``engines_stamped``.
+1. record ``weight_update_started`` (fenced);
+2. pause every engine at epoch e (sent now, awaited after step 3);
+3. stage the weights (copy, checksum, object store or CUDA IPC);
+4. load them into every engine (full parameters or LoRA adapters; no label change);
+5. commit: ``v = commit_weights(...)`` (fenced, idempotent per cell/epoch/step/checksum);
+6. finalize: the one ``finalize_and_resume_engines(v, e)`` stamps, then resumes, every engine;
+7. record ``engines_stamped``; the report carries the committed head (v, e).
+
+The ledger writes are :class:`actors.publishing.records.PublisherRecords`'; the engine calls
+:mod:`actors.publishing.weight_sync`'s. A drill or test stops the sequence at a named point
+(:class:`actors.publishing.sequence.UpdatePoint`) by arming it first
+(:meth:`TrainCell.arm_update_fault`) and then letting the normal publish run.
 
 The cell is bound to its run and ledger when it is created (``ledger_url``, ``run_id``), so no
 publishing call threads them through. Pushing ``v`` to the RolloutManager is the control plane's
 job (``orchestrator.control.publisher``), right after this sequence returns.
 
-A death before step 3 leaves the engines paused with unlabelled weights and the ledger without
+A death before step 5 leaves the engines paused with unlabelled weights and the ledger without
 that version; the next publisher transfers again. A death after it leaves a committed but
 unstamped version, which the audit reports; the next commit is still head + 1.
 """
@@ -46,22 +54,13 @@ from actors.device import autocast, cpu_copy, select_device, torch_dtype
 from actors.gradient_group import GradientGroup
 from actors.grpo import GRPOConfig, build_train_batch, grpo_loss
 from actors.policies.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
+from actors.publishing.records import PublisherRecords
 from actors.task import TOKENIZER
+from actors.transport import Transport, is_lora_tensor
 from actors.weight_paths import OBJECT_STORE, EngineDevices, local_device_info, select_weight_path
-from actors.weight_sync import (
-    TRANSPORTS,
-    FinalizeReport,
-    StagedWeights,
-    await_engine_pause,
-    begin_engine_update,
-    collect_weights,
-    finalize_and_resume_engines,
-    load_staged_weights,
-    request_engine_pause,
-    stage_weights,
-    tensors_checksum,
-)
-from ledger import EventKind, FencedError, Ledger
+from actors.publishing.weight_sync import StagedWeights, collect_weights, stage_weights, tensors_checksum
+from actors.publishing.sequence import FaultAction, UpdateFaults, UpdatePoint, UpdateReport
+from actors.publishing.sequence import update_weights as run_update_sequence
 from orchestrator.rollout.types import Group, Sample
 
 __all__ = ["TRAIN_CELL_ACTOR_OPTIONS", "TrainCell"]
@@ -83,7 +82,7 @@ class TrainCell:
         backend: str = "torch",
         policy_config: PolicyConfig | dict[str, Any] | None = None,
         seed: int = 0,
-        transport: str = "full",
+        transport: Transport | str = Transport.FULL,
         learning_rate: float = 3e-3,
         grpo: GRPOConfig | None = None,
         max_grad_norm: float = 1.0,
@@ -110,9 +109,8 @@ class TrainCell:
         """
         torch.set_num_threads(1)
         config = PolicyConfig.from_value(policy_config)
-        if transport not in TRANSPORTS:
-            raise ValueError(f"unknown transport {transport!r}; expected one of {TRANSPORTS}")
-        if transport == "lora" and config.lora_rank < 1:
+        transport = Transport.parse(transport)
+        if transport is Transport.LORA and config.lora_rank < 1:
             raise ValueError("the lora transport needs policy_config.lora_rank > 0")
         self.cell_id = cell_id
         self.backend = backend
@@ -132,8 +130,8 @@ class TrainCell:
                     gradient_backend)
         self.ledger_url = ledger_url
         self.run_id = run_id
-        self._ledger_handle: Ledger | None = None
-        self._pending_checksum: str | None = None
+        self.records = PublisherRecords(cell_id, ledger_url, run_id)
+        self._faults = UpdateFaults()
         self._engine_nodes = EngineNodes()
         self._engine_devices = EngineDevices()
 
@@ -198,161 +196,55 @@ class TrainCell:
 
     # ---------------------------------------------------------------------------- publishing
 
-    def _ledger(self) -> Ledger:
-        if self.ledger_url is None or self.run_id is None:
-            raise ValueError(f"cell {self.cell_id} is not bound to a run: pass ledger_url "
-                             "and run_id when creating it")
-        if self._ledger_handle is None:
-            self._ledger_handle = Ledger.open(self.ledger_url)
-        return self._ledger_handle
-
-    def _key(self, what: str, epoch: int) -> str:
-        return f"{self.run_id}:{what}:{self.cell_id}:e{epoch}:s{self.train_step_count}"
-
-    def begin_update(self, engines: Sequence[Any], epoch: int) -> None:
-        """Steps 1-2: record ``weight_update_started`` (fenced), then pause every engine.
-
-        Precondition: this cell is the publisher at ``epoch``. A retry is safe (idempotent
-        event; pausing twice is harmless).
-
-        Raises:
-            ledger.FencedError: not the publisher at ``epoch``; nothing written, no engine
-                touched.
-            StaleEpochError: an engine has seen a newer epoch (this cell is a zombie).
-        """
-        self._record_update_started(epoch)
-        begin_engine_update(engines, epoch)
-
-    def _record_update_started(self, epoch: int) -> None:
-        self._ledger().append(
-            self.run_id, EventKind.WEIGHT_UPDATE_STARTED,
-            {"train_step": self.train_step_count, "transport": self.transport},
-            cell_id=self.cell_id, epoch=epoch,
-            idempotency_key=self._key("update_started", epoch),
-        )
-
-    def transfer(self, engines: Sequence[Any], epoch: int) -> str:
-        """Step 3: move this cell's weights (per its transport) into every paused engine.
-
-        Returns the checksum of the transferred tensors, remembered for :meth:`commit`. Engines
-        keep their version label. A retry re-sends the same tensors.
-
-        Raises:
-            StaleEpochError, TransferError, EngineStateError: see
-                :func:`actors.weight_sync.transfer_weights`; nothing may be committed.
-        """
-        return self._load(engines, self._stage(engines), epoch)
-
     def outgoing_weights(self) -> dict[str, torch.Tensor]:
         """A copy of what a publish sends engines (all tensors, or the LoRA adapters)."""
         return collect_weights(self.model, self.transport)
 
-    def _stage(self, engines: Sequence[Any]) -> StagedWeights:
+    def stage(self, engines: Sequence[Any]) -> StagedWeights:
+        """Step 3 of the update sequence: this cell's outgoing weights staged for ``engines``
+        (object store, or CUDA IPC when the cell and every engine share one GPU)."""
         path = OBJECT_STORE  # a CPU cell never asks engines where they run
         if self.device.type == "cuda":
             path = select_weight_path(local_device_info(self.device),
                                       self._engine_devices.of(engines))
         return stage_weights(engines, self.outgoing_weights(), path)
 
-    def _load(self, engines: Sequence[Any], staged: StagedWeights, epoch: int) -> str:
-        checksum = load_staged_weights(engines, staged, epoch, self.transport)
-        self._pending_checksum = checksum
-        return checksum
-
-    def commit(self, epoch: int, checksum: str | None = None) -> int:
-        """Step 4: ``commit_weights`` and return the version (ledger head + 1).
-
-        Idempotent per (cell, epoch, train step, checksum): a retry after an unknown outcome
-        returns the same version.
+    def arm_update_fault(self, point: UpdatePoint | str,
+                         action: FaultAction | str = FaultAction.STOP) -> dict[str, str]:
+        """Arm a fault at ``point`` of the next weight update (drills, tests): ``stop`` freezes
+        this process there (SIGSTOP; the caller kills or continues it), ``raise`` fails the
+        update there with :class:`~actors.errors.InjectedFault`. Returns what is armed.
 
         Raises:
-            ledger.FencedError: not the publisher at ``epoch``; nothing written.
-            ValueError: no transfer to commit.
+            ValueError: unknown point or action.
         """
-        checksum = checksum or self._pending_checksum
-        if checksum is None:
-            raise ValueError("nothing transferred: call transfer() before commit()")
-        version = self._ledger().commit_weights(
-            self.run_id, cell_id=self.cell_id, epoch=epoch, train_step=self.train_step_count,
-            transport=self.transport,
-            adapter=f"lora-r{self.policy_config.lora_rank}" if self.transport == "lora" else None,
-            checksum=checksum,
-            idempotency_key=self._key(f"commit:{checksum[:16]}", epoch),
-        )
-        self.weight_version = version
-        self._pending_checksum = None
-        return version
+        self._faults.arm(point, action)
+        return self._faults.armed()
 
-    def finalize(self, engines: Sequence[Any], version: int, epoch: int) -> FinalizeReport:
-        """Step 5: stamp and resume every engine, then record ``engines_stamped``.
+    def update_weights(self, engines: Sequence[Any], epoch: int) -> UpdateReport:
+        """Publish this cell's weights as the next version: THE sequence
+        (:func:`actors.publishing.sequence.update_weights`, steps 1-7 in the module docstring).
 
-        Engines that fail (dead) are left out of the event and reported in the result; the
-        version stays committed either way.
-
-        Raises:
-            StaleEpochError: an engine has seen a newer epoch.
-            ledger.FencedError: a newer publisher was promoted meanwhile (engines are stamped,
-                the event is not written; the audit shows the version as unstamped).
-        """
-        report = finalize_and_resume_engines(engines, version, epoch)
-        if report.failed:
-            logger.warning("cell %s: engines not stamped with v%d: %s", self.cell_id, version,
-                           report.failed)
-        engine_nodes = self._engine_nodes.of(engines)
-        self._ledger().append(
-            self.run_id, EventKind.ENGINES_STAMPED,
-            {"version": version, "engine_ids": report.stamped_engine_ids, **node_fields(),
-             "engine_nodes": {engine_id: engine_nodes[engine_id]
-                              for engine_id in report.stamped_engine_ids
-                              if engine_id in engine_nodes}},
-            cell_id=self.cell_id, epoch=epoch,
-            idempotency_key=f"{self.run_id}:engines_stamped:v{version}:{self.cell_id}:e{epoch}",
-        )
-        return report
-
-    def update_weights(self, engines: Sequence[Any], epoch: int) -> FinalizeReport:
-        """Publish this cell's weights as the next version (DESIGN section 5).
-
-        Precondition: this cell is the publisher at ``epoch``. Runs :meth:`begin_update`,
-        :meth:`transfer`, :meth:`commit`, :meth:`finalize` and returns the finalize report
-        (the version, the stamped engines, the engines that failed). If pausing the engines or
-        the transfer fails, a ``weight_update_aborted`` is recorded (best effort) and the
-        engines stay paused for the next attempt. Retrying the whole call is safe (every event
-        is idempotent).
+        Precondition: this cell is the publisher at ``epoch``. Returns the report: the
+        committed head (version, epoch), the stamped engines, the engines that failed. If
+        pausing the engines or the transfer fails, a ``weight_update_aborted`` is recorded
+        (best effort) and the engines stay paused for the next attempt. Retrying the whole
+        call is safe (every event is idempotent).
 
         Raises:
             ledger.FencedError: this cell was superseded; nothing more is written.
             StaleEpochError: an engine has seen a newer epoch.
             TransferError, EngineStateError: the transfer failed; nothing committed.
+            ValueError: the cell is not bound to a run.
         """
-        try:
-            self._record_update_started(epoch)
-            pausing = request_engine_pause(engines, epoch)
-            # Engines finish their decode step in progress before they pause: the weights
-            # are copied, checksummed and put in the object store meanwhile.
-            staged = self._stage(engines)
-            await_engine_pause(pausing)
-            checksum = self._load(engines, staged, epoch)
-        except FencedError:
-            raise  # superseded: there is nothing this cell may record
-        except Exception as exc:
-            self._record_abort(epoch, f"{type(exc).__name__}: {exc}")
-            raise
-        version = self.commit(epoch, checksum)
-        return self.finalize(engines, version, epoch)
-
-    def _record_abort(self, epoch: int, reason: str) -> None:
-        try:
-            self._ledger().append(
-                self.run_id, EventKind.WEIGHT_UPDATE_ABORTED,
-                {"train_step": self.train_step_count, "transport": self.transport,
-                 "reason": reason[:500]},
-                cell_id=self.cell_id, epoch=epoch,
-                idempotency_key=self._key("update_aborted", epoch),
-            )
-        except Exception:  # noqa: BLE001 - the original error is what the caller needs
-            logger.warning("cell %s: could not record the aborted update", self.cell_id,
-                           exc_info=True)
+        adapter = (f"lora-r{self.policy_config.lora_rank}"
+                   if self.transport is Transport.LORA else None)
+        report = run_update_sequence(
+            self.records, engines, epoch, train_step=self.train_step_count,
+            transport=self.transport, adapter=adapter, stage=self.stage,
+            engine_nodes=self._engine_nodes.of, at_point=self._faults)
+        self.weight_version = report.version
+        return report
 
     # ---------------------------------------------------------------------------- state
 
@@ -390,7 +282,7 @@ class TrainCell:
         """sha256 of the cell's tensors (all, or LoRA adapters only) in name order."""
         tensors = tensor_state_dict(self.model)
         if adapters_only:
-            tensors = {k: v for k, v in tensors.items() if k.endswith((".lora_a", ".lora_b"))}
+            tensors = {k: v for k, v in tensors.items() if is_lora_tensor(k)}
         return tensors_checksum(tensors)
 
     def save_checkpoint(self, path: str, epoch: int | None = None) -> dict[str, Any]:
@@ -412,10 +304,7 @@ class TrainCell:
         summary = {"train_step": self.train_step_count, "version": self.weight_version,
                    "path": target}
         if epoch is not None:
-            self._ledger().append(
-                self.run_id, EventKind.CHECKPOINT_SAVED, summary, cell_id=self.cell_id,
-                epoch=epoch, idempotency_key=self._key(f"checkpoint:{target}", epoch),
-            )
+            self.records.checkpoint_saved(epoch, self.train_step_count, summary)
         return summary
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
@@ -439,6 +328,4 @@ class TrainCell:
     def close(self) -> None:
         """Leave the gradient group and close ledger connections."""
         self._gradients.leave()
-        if self._ledger_handle is not None:
-            self._ledger_handle.close()
-            self._ledger_handle = None
+        self.records.close()

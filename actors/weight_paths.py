@@ -3,7 +3,7 @@
 The path changes only how the tensors reach each engine's ``load_weights``; the sequence
 around it (``weight_update_started``, pause under the epoch fence, transfer, every engine's
 checksum equal to the sender's, ``commit_weights``, the one finalize that stamps and resumes)
-is the same code for both (:mod:`actors.weight_sync`).
+is the same code for both (:mod:`actors.publishing.weight_sync`).
 
 - ``object_store`` (always available): one ``ray.put`` of CPU copies, read by every engine.
 - ``cuda_ipc``: chosen automatically when the publisher is on CUDA and every engine is an
@@ -13,7 +13,7 @@ is the same code for both (:mod:`actors.weight_sync`).
   colocated engines); each engine opens them on its own CUDA device and copies from them: the
   built-in engine device to device; a vLLM engine keeps its logical weights on the CPU, so it
   copies them to the host once, but nothing goes through the object store. The publisher keeps the tensors alive until every engine has
-  answered (:class:`~actors.weight_sync.StagedWeights` holds them).
+  answered (:class:`~actors.publishing.weight_sync.StagedWeights` holds them).
 
 An NCCL broadcast from the publisher to engines on other GPUs is not implemented: across GPUs
 the object-store path is used.
@@ -28,6 +28,8 @@ from typing import Any
 
 import ray
 import torch
+
+from actors.cluster.node_info import node_fields
 
 __all__ = ["CUDA_IPC", "OBJECT_STORE", "CudaIpcWeights", "DeviceInfo", "EngineDevices",
            "local_device_info", "open_weights", "select_weight_path", "share_cuda_tensors"]
@@ -51,7 +53,7 @@ class DeviceInfo:
 def local_device_info(device: str | torch.device) -> DeviceInfo:
     """This process's :class:`DeviceInfo` for tensors on ``device``."""
     device = torch.device(device)
-    node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    node_id = node_fields().get("node_id", "")
     if device.type != "cuda":
         return DeviceInfo(node_id, "cpu")
     index = device.index if device.index is not None else torch.cuda.current_device()

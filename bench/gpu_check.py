@@ -68,7 +68,7 @@ def _phased_updates(updates: int) -> dict[str, dict[str, float]]:
     from actors.task import TOKENIZER
     from actors.train_cell import TrainCell
     from actors.weight_paths import CUDA_IPC, OBJECT_STORE
-    from actors.weight_sync import (
+    from actors.publishing.weight_sync import (
         begin_engine_update,
         finalize_and_resume_engines,
         load_staged_weights,

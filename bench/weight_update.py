@@ -2,12 +2,14 @@
 
     python bench/weight_update.py [--updates 30] [--engines 2] [--quick]
 
-The publisher's sequence (DESIGN section 5, ``TrainCell.update_weights``) with each step timed:
-``weight_update_started`` (ledger), pause the engines, transfer (all tensors in one shared
-``ray.put``, or only the LoRA adapters), ``commit_weights`` (ledger), stamp the engines with the
-version, resume them, ``engines_stamped`` (ledger). The calls are the ones
-``update_weights`` makes, in its order, on a trainer cell in this process and real engine actors
-on a local Ray cluster, the ledger on SQLite. Updates alternate between the transports; the
+The publisher's sequence (DESIGN section 5: ``TrainCell.update_weights``, which runs THE
+sequence :func:`actors.publishing.sequence.update_weights`) with each step timed by the sequence
+itself (``UpdateReport.step_seconds``): ``weight_update_started`` (ledger), stage (copy,
+checksum, one shared ``ray.put`` of all tensors or only the LoRA adapters), the wait for the
+engines' pause (sent before staging), load into the engines, ``commit_weights`` (ledger), stamp
+the engines with the version, resume them, ``engines_stamped`` (ledger). A trainer cell in this
+process runs the production sequence against real engine actors on a local Ray cluster, the
+ledger on SQLite. Updates alternate between the transports; the
 engines are idle (the pause then waits for no decode step). LoRA uses the run's defaults
 (``RunConfig(transport="lora")``: rank, alpha).
 
@@ -23,7 +25,6 @@ import argparse
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import ray
@@ -33,12 +34,12 @@ from actors.policies.policy import PolicyConfig
 from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
 from actors.train_cell import TrainCell
-from actors.weight_sync import begin_engine_update, collect_weights, finalize_and_resume_engines
-from ledger import EventKind, Ledger
+from actors.publishing.weight_sync import collect_weights
+from ledger import Ledger
 from orchestrator.config import RunConfig
 from orchestrator.control.launch import policy_config
 
-STEPS = ("started", "pause", "transfer", "commit", "stamp", "resume", "stamped")
+STEPS = ("started", "stage", "pause", "load", "commit", "stamp", "resume", "stamped")
 LEDGER_STEPS = ("started", "commit", "stamped")
 TASK = AdditionTask(seed=0)
 
@@ -62,31 +63,10 @@ class Publisher:
                          for t in collect_weights(self.cell.model, transport).values())
 
     def update(self) -> dict[str, float]:
-        """One update, the same calls as ``TrainCell.update_weights``; seconds per step."""
-        timings: dict[str, float] = {}
-
-        def timed(step: str, call):
-            started = time.perf_counter()
-            result = call()
-            timings[step] = time.perf_counter() - started
-            return result
-
-        step = self.cell.train_step_count
+        """One update through ``TrainCell.update_weights``; seconds per step."""
         self.cell.train_step_count += 1  # a new step each time: new idempotency keys
-        timed("started", lambda: self.ledger.append(
-            self.run_id, EventKind.WEIGHT_UPDATE_STARTED,
-            {"train_step": step, "transport": self.transport},
-            cell_id="cell-0", epoch=self.epoch))
-        timed("pause", lambda: begin_engine_update(self.engines, self.epoch))
-        checksum = timed("transfer", lambda: self.cell.transfer(self.engines, self.epoch))
-        version = timed("commit", lambda: self.cell.commit(self.epoch, checksum))
-        report = finalize_and_resume_engines(self.engines, version, self.epoch)
-        timings["stamp"], timings["resume"] = report.stamp_s, report.resume_s
-        timed("stamped", lambda: self.ledger.append(
-            self.run_id, EventKind.ENGINES_STAMPED,
-            {"version": version, "engine_ids": report.stamped_engine_ids},
-            cell_id="cell-0", epoch=self.epoch))
-        return timings
+        report = self.cell.update_weights(self.engines, self.epoch)
+        return {step: report.step_seconds[step] for step in STEPS}
 
     def close(self) -> None:
         self.cell.close()

@@ -20,6 +20,7 @@ from orchestrator.control import launch
 from orchestrator.control.errors import EngineLostError, StepFailedError
 from orchestrator.control.publisher import Publisher
 from orchestrator.control.supervisor import Supervisor
+from orchestrator.drills.faults import zombie_commit, zombie_transfer
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -103,10 +104,11 @@ def test_zombie_publisher_is_fenced_by_ledger_and_engines(supervisor, publisher,
     # (idempotent: the stored event comes back), then the engines refuse epoch 1.
     with pytest.raises(StaleEpochError):
         ray.get(zombie.update_weights.remote(engines, 1))
+    # The sequence's own commit step, and its stage-and-load steps, run inside the zombie.
     with pytest.raises(FencedError):
-        ray.get(zombie.commit.remote(1, "sha256:zombie"))
+        ray.get(zombie.__ray_call__.remote(zombie_commit, 1))
     with pytest.raises(StaleEpochError):
-        ray.get(zombie.transfer.remote(engines, 1))
+        ray.get(zombie.__ray_call__.remote(zombie_transfer, engines, 1))
 
     assert ledger.head(RUN) == head_before
     assert engine_view(engines) == engines_before

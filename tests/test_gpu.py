@@ -18,7 +18,11 @@ from actors.grpo import build_train_batch, token_log_probs
 from actors.policies.policy import PolicyConfig
 from actors.task import TOKENIZER, AdditionTask
 from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell
-from actors.weight_sync import begin_engine_update, finalize_and_resume_engines
+from actors.publishing.weight_sync import (
+    begin_engine_update,
+    finalize_and_resume_engines,
+    load_staged_weights,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -90,6 +94,12 @@ def _path_and_log_probs(cell: TrainCell, engines: list, groups: list) -> tuple[s
     return path, log_probs[mask].float().cpu().tolist()
 
 
+def _transfer(cell, engines, epoch: int) -> str:
+    """Inside the cell: steps 3-4 of the update sequence (stage on the cell's chosen path,
+    load); a cell without a ledger cannot run the whole sequence."""
+    return load_staged_weights(engines, cell.stage(engines), epoch, cell.transport)
+
+
 def test_cuda_ipc_transfer_gives_engine_log_probs_that_match_the_trainer(ray_cluster) -> None:
     import ray
 
@@ -102,7 +112,7 @@ def test_cuda_ipc_transfer_gives_engine_log_probs_that_match_the_trainer(ray_clu
     try:
         ray.get(cell.train_step.remote(_groups(engine)))  # the cell's weights move off v0
         begin_engine_update([engine], 1)
-        checksum = ray.get(cell.transfer.remote([engine], 1))
+        checksum = ray.get(cell.__ray_call__.remote(_transfer, [engine], 1))
         finalize_and_resume_engines([engine], 1, 1)
         assert ray.get(engine.weights_checksum.remote()) == checksum
         groups = _groups(engine, 4)

@@ -13,7 +13,7 @@ from actors.errors import EngineStateError, StaleEpochError
 from actors.policies.policy import PolicyConfig, build_policy
 from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
-from actors.weight_sync import collect_weights
+from actors.publishing.weight_sync import collect_weights
 from orchestrator.rollout.types import SampleStatus
 from tests.waiting import wait_until
 
@@ -162,7 +162,7 @@ def test_partial_rollout_sample_spans_the_update_with_exact_per_token_versions_a
         ray_cluster) -> None:
     """A real engine actor, paused in place mid-generation by the real update sequence."""
     from actors.grpo import token_log_probs
-    from actors.weight_sync import (
+    from actors.publishing.weight_sync import (
         begin_engine_update,
         finalize_and_resume_engines,
         transfer_weights,

@@ -2,9 +2,10 @@
 averaging across cells, healing state and checkpoints.
 
 Fault schedule (declared up front; each test asserts the kill really happened):
-- ``kill(cell-0, after="transfer", before="commit")``
-- ``kill(cell-0, after="commit", before="finalize")``
-The kill is a real SIGKILL of the cell's worker process, sent from the test.
+- ``kill(cell-0, at=UpdatePoint.AFTER_TRANSFER)``: transferred, not committed
+- ``kill(cell-0, at=UpdatePoint.AFTER_COMMIT)``: committed, not stamped
+The point is armed on the cell, the cell's own ``update_weights`` (the production sequence)
+runs into it and freezes there, and the test sends a real SIGKILL to the frozen worker.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutE
 from actors.task import TOKENIZER, AdditionTask
 from actors.gradient_group import create_rendezvous_store
 from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell
+from actors.publishing.sequence import UpdatePoint
 from ledger import FencedError, Ledger
+from orchestrator.drills.faults import wait_stopped
 
 TASK = AdditionTask(seed=0)
 CONFIG = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
@@ -41,6 +44,20 @@ def _kill(actor) -> None:
     os.kill(ray.get(actor.pid.remote()), signal.SIGKILL)
     with pytest.raises(RayActorError):
         ray.get(actor.pid.remote(), timeout=30)
+
+
+def _update_killed_at(cell, point: UpdatePoint, engines, epoch: int) -> None:
+    """Arm ``point`` on ``cell``, run its update into it, SIGKILL it there; the update and
+    the cell are reported dead."""
+    pid = ray.get(cell.pid.remote())
+    assert ray.get(cell.arm_update_fault.remote(point)) == {str(point): "stop"}
+    update = cell.update_weights.remote(engines, epoch)
+    assert wait_stopped(pid, timeout_s=60), f"the update never reached {point}"
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(RayActorError):
+        ray.get(update, timeout=30)
+    with pytest.raises(RayActorError):
+        ray.get(cell.pid.remote(), timeout=30)
 
 
 @pytest.fixture
@@ -66,10 +83,9 @@ def publisher_setup(ray_cluster, sqlite_url: str):
 def test_publisher_killed_after_transfer_before_commit(publisher_setup, sqlite_url: str) -> None:
     ledger, epoch, cells, engines = publisher_setup
     initial = ray.get(engines[0].weights_checksum.remote())
-    ray.get(cells[0].begin_update.remote(engines, epoch))
-    transferred = ray.get(cells[0].transfer.remote(engines, epoch))
+    transferred = ray.get(cells[0].weights_checksum.remote())  # what a full update sends
 
-    _kill(cells[0])
+    _update_killed_at(cells[0], UpdatePoint.AFTER_TRANSFER, engines, epoch)
 
     health = ray.get([e.health.remote() for e in engines])
     assert transferred != initial
@@ -94,12 +110,9 @@ def test_publisher_killed_after_transfer_before_commit(publisher_setup, sqlite_u
 @pytest.mark.ray
 def test_publisher_killed_after_commit_before_stamp(publisher_setup, sqlite_url: str) -> None:
     ledger, epoch, cells, engines = publisher_setup
-    ray.get(cells[0].begin_update.remote(engines, epoch))
-    checksum = ray.get(cells[0].transfer.remote(engines, epoch))
-    committed = ray.get(cells[0].commit.remote(epoch, checksum))
+    _update_killed_at(cells[0], UpdatePoint.AFTER_COMMIT, engines, epoch)
 
-    _kill(cells[0])
-
+    committed = ledger.head(RUN).version
     report = ledger.verify(RUN)
     assert committed == 1
     assert report.ok, report.problems  # committed-but-unstamped is reported, not an error

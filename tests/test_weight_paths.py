@@ -21,7 +21,7 @@ from actors.weight_paths import (
     select_weight_path,
     share_cuda_tensors,
 )
-from actors.weight_sync import stage_weights, tensors_checksum
+from actors.publishing.weight_sync import stage_weights, tensors_checksum
 
 GPU_A = DeviceInfo("node-1", "cuda", "GPU-aaaa")
 GPU_B = DeviceInfo("node-1", "cuda", "GPU-bbbb")

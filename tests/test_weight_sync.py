@@ -12,7 +12,7 @@ from actors.policies.policy import PolicyConfig
 from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
 from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell
-from actors.weight_sync import finalize_and_resume_engines, tensors_checksum
+from actors.publishing.weight_sync import finalize_and_resume_engines, tensors_checksum
 from ledger import Ledger
 
 pytestmark = pytest.mark.ray

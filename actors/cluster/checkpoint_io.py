@@ -6,7 +6,8 @@ each actor would resolve it in its own working directory (the raylet's), i.e. so
 every node.
 
 Writes are atomic for a reader: on a local or mounted file system the bytes go to a temporary
-name beside the target and are renamed over it (``os.replace``); an object store's put is
+name beside the target, fsync-ed, renamed over it and the directory fsync-ed
+(:func:`ledger.store.atomic_files.write_bytes_atomically`, the one atomic write); an object store's put is
 already all-or-nothing, so the target is written directly. A crash mid-write leaves the older
 file (or none), never half a checkpoint.
 """
@@ -14,9 +15,11 @@ file (or none), never half a checkpoint.
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import PurePosixPath
 from typing import Any
+
+from actors.errors import StorageError
+from ledger.store.atomic_files import write_bytes_atomically
 
 __all__ = [
     "StorageError",
@@ -29,14 +32,6 @@ __all__ = [
     "to_url",
     "write_bytes_atomic",
 ]
-
-
-class StorageError(OSError):
-    """A storage location that cannot be used (relative path, unknown protocol, unreadable).
-
-    An ``OSError``, so callers that handle a missing file handle this too; the message is one
-    line naming the URL.
-    """
 
 
 def to_url(location: str) -> str:
@@ -101,20 +96,7 @@ def write_bytes_atomic(url: str, data: bytes) -> str:
         filesystem.makedirs(parent, exist_ok=True)
         filesystem.pipe_file(path, data)  # an object put is all-or-nothing
         return url
-    os.makedirs(parent, exist_ok=True)
-    temporary = os.path.join(parent, f".{PurePosixPath(path).name}.tmp-{secrets.token_hex(4)}")
-    try:
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except FileNotFoundError:
-            pass
-        raise
+    write_bytes_atomically(path, data)  # fsync of the file and of its directory
     return url
 
 

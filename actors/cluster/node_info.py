@@ -1,5 +1,7 @@
-"""Which Ray node an actor runs on: the ``node_id`` and ``host`` recorded in the ledger's
-``cell_state``, ``cell_promoted`` and ``engines_stamped`` events, so placement is auditable."""
+"""Which Ray node this process runs on: the one lookup (:func:`node_and_host`) behind the
+``node_id`` and ``host`` recorded in the ledger's ``cell_state``, ``cell_promoted`` and
+``engines_stamped`` events (so placement is auditable), the weight path's "same node?" and
+the control plane's placement."""
 
 from __future__ import annotations
 
@@ -9,9 +11,15 @@ from typing import Any
 
 import ray
 
-__all__ = ["EngineNodes", "node_fields"]
+__all__ = ["EngineNodes", "node_and_host", "node_fields"]
 
 logger = logging.getLogger(__name__)
+
+
+def node_and_host() -> tuple[str, str]:
+    """``(node_id, host)`` of the Ray node this process runs on. Precondition: Ray is
+    initialised in this process (a driver or a worker)."""
+    return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
 
 
 def node_fields() -> dict[str, str]:
@@ -19,8 +27,8 @@ def node_fields() -> dict[str, str]:
     actor class built as a plain object in a test)."""
     if not ray.is_initialized():
         return {}
-    return {"node_id": ray.get_runtime_context().get_node_id(),
-            "host": ray.util.get_node_ip_address()}
+    node_id, host = node_and_host()
+    return {"node_id": node_id, "host": host}
 
 
 def _engine_node(engine: Any) -> tuple[str, dict[str, str]]:

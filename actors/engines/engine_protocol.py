@@ -107,7 +107,7 @@ class RolloutEngineProtocol(Protocol):
 
     def load_weights(self, tensors: dict[str, Any], epoch: int, transport: str = "full") -> str:
         """Copy ``tensors`` (all, or LoRA adapters only) into the paused engine; returns the
-        sha256 of what was received (:func:`actors.weight_sync.tensors_checksum`). The version
+        sha256 of what was received (:func:`actors.publishing.weight_sync.tensors_checksum`). The version
         label does not change.
 
         Raises:

@@ -9,7 +9,8 @@ Control methods (pause, updates, health) run in their own concurrency group, so 
 queued behind generate calls blocked on a pause. It implements
 :class:`~actors.engines.engine_protocol.RolloutEngineProtocol`, where the semantics are stated.
 
-State and its rules:
+State and its rules (kept in the one :class:`~actors.engines.engine_state.EngineState`, shared
+with the vLLM engine):
 
 - ``version``: the label of the loaded weights; 0 at launch, then whatever the publisher
   stamps through :meth:`update_weight_version`. Every response token is stamped with the
@@ -35,7 +36,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, fields
 from typing import Any
 
 import ray
@@ -44,13 +44,15 @@ import torch
 from actors.device import select_device, torch_dtype
 from actors.engines.decoding import StepDecoder
 from actors.engines.engine_protocol import pause_mode
-from actors.errors import EngineStateError, StaleEpochError
+from actors.engines.engine_state import EngineState
+from actors.engines.sampling import Decoding, SamplingParams, build_samples, top_p_filter
+from actors.errors import EngineStateError
 from actors.policies.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
-from actors.engines.scoring import score_group
 from actors.task import AdditionTask
+from actors.transport import Transport, is_lora_tensor
 from actors.weight_paths import open_weights
-from actors.weight_sync import TRANSPORTS, tensors_checksum
-from orchestrator.rollout.types import Prompt, Sample, SampleStatus, check_weight_version
+from actors.publishing.weight_sync import tensors_checksum
+from orchestrator.rollout.types import Prompt, Sample
 
 __all__ = ["ROLLOUT_ENGINE_ACTOR_OPTIONS", "RolloutEngine", "SamplingParams"]
 
@@ -60,41 +62,6 @@ ROLLOUT_ENGINE_ACTOR_OPTIONS: dict[str, Any] = {
     "max_concurrency": 16,  # concurrent generate calls
     "concurrency_groups": {CONTROL: 4},
 }
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How responses are sampled. ``temperature == 0`` is greedy."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 3
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_new_tokens < 1:
-            raise ValueError(f"invalid sampling parameters: {self}")
-
-    @classmethod
-    def from_value(cls, value: SamplingParams | dict[str, Any] | None) -> SamplingParams:
-        if value is None:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        unknown = set(value) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown sampling keys: {sorted(unknown)}")
-        return cls(**value)
-
-
-def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Zero the tail outside the smallest set of tokens whose mass reaches ``top_p``."""
-    if top_p >= 1.0:
-        return probs
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    # Keep a token if the mass before it is below top_p (so the top token is always kept).
-    keep_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) < top_p
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    return probs * keep
 
 
 class RolloutEngine:
@@ -141,28 +108,16 @@ class RolloutEngine:
         self.max_sequence_length = config.max_sequence_length
         self._generator = torch.Generator(device=self.device).manual_seed(seed * 1_000_003 + 17)
         self._rng_lock = threading.Lock()
-        self._state = threading.Condition()
-        self._version = 0
-        self._epoch = 0
-        self._paused = False
-        self._in_flight = 0  # calls not yet returned (parked ones included)
-        self._running = 0  # calls computing a token (not parked)
-        self._abort_token = 0
-        self._updating = False
-        self._counters = {"generate_calls": 0, "aborted_calls": 0, "weight_loads": 0,
-                          "parked_calls": 0, "resumed_calls": 0, "decode_steps": 0}
+        self.state = EngineState(engine_id)  # in_flight: calls not yet returned, parked too
+        self.state.counters.update(parked_calls=0, resumed_calls=0, decode_steps=0)
+        self._running = 0  # calls computing a token (not parked); under state.lock
+        self._abort_token = 0  # bumped by an abort-mode pause; under state.lock
 
     # ---------------------------------------------------------------------------- helpers
 
     def pid(self) -> int:
         """The process id of this engine (tests kill it from outside)."""
         return os.getpid()
-
-    def _check_epoch(self, operation: str, epoch: int) -> None:
-        """Must hold ``self._state``. Raises StaleEpochError, else adopts a higher epoch."""
-        if epoch < self._epoch:
-            raise StaleEpochError(self.engine_id, operation, epoch, self._epoch)
-        self._epoch = epoch
 
     # ---------------------------------------------------------------------------- sampling
 
@@ -184,28 +139,27 @@ class RolloutEngine:
             raise ValueError(f"n_samples must be >= 1, got {n_samples}")
         if len(prompt.tokens) >= self.max_sequence_length:
             raise ValueError(f"prompt of {len(prompt.tokens)} tokens leaves no room to answer")
-        with self._state:
-            deadline = time.monotonic() + self.paused_wait_timeout_s
-            while self._paused and time.monotonic() < deadline:
-                self._state.wait(timeout=max(0.0, deadline - time.monotonic()))
-            self._counters["generate_calls"] += 1
-            if self._paused:
-                self._counters["aborted_calls"] += 1
-                empty = _Rollout.empty(n_samples, self._version)
+        state = self.state
+        with state.lock:
+            unpaused = state.wait_unpaused(time.monotonic() + self.paused_wait_timeout_s)
+            state.counters["generate_calls"] += 1
+            if not unpaused:
+                state.counters["aborted_calls"] += 1
+                empty = Decoding.empty(n_samples, state.version)
                 return self._samples(prompt, group_index, empty, aborted=True)
-            self._in_flight += 1
+            state.in_flight += 1
             self._running += 1
-            abort_token, version = self._abort_token, self._version
-        rollout = _Rollout.empty(n_samples, version)
+            abort_token, version = self._abort_token, state.version
+        rollout = Decoding.empty(n_samples, version)
         aborted = True
         try:
             aborted = self._sample(prompt, rollout, abort_token, max_new_tokens)
         finally:
-            with self._state:
-                self._in_flight -= 1
+            with state.lock:
+                state.in_flight -= 1
                 self._running -= 1
-                self._counters["aborted_calls"] += aborted
-                self._state.notify_all()
+                state.counters["aborted_calls"] += aborted
+                state.lock.notify_all()
         return self._samples(prompt, group_index, rollout, aborted)
 
     def _before_token(self) -> None:
@@ -220,23 +174,22 @@ class RolloutEngine:
     def _park(self) -> int | None:
         """Wait at a token boundary while paused (``in_place``). Returns the version to go on
         with, or None if the pause outlasted ``paused_wait_timeout_s`` (the call aborts)."""
-        with self._state:
-            if not self._paused:
-                return self._version
+        state = self.state
+        with state.lock:
+            if not state.paused:
+                return state.version
             self._running -= 1
-            self._counters["parked_calls"] += 1
-            self._state.notify_all()  # a pause waiting for running calls may now return
-            deadline = time.monotonic() + self.paused_wait_timeout_s
-            while self._paused and time.monotonic() < deadline:
-                self._state.wait(timeout=max(0.0, deadline - time.monotonic()))
+            state.counters["parked_calls"] += 1
+            state.lock.notify_all()  # a pause waiting for running calls may now return
+            unpaused = state.wait_unpaused(time.monotonic() + self.paused_wait_timeout_s)
             self._running += 1
-            if self._paused:
+            if not unpaused:
                 return None
-            self._counters["resumed_calls"] += 1
-            return self._version
+            state.counters["resumed_calls"] += 1
+            return state.version
 
     @torch.inference_mode()
-    def _sample(self, prompt: Prompt, rollout: _Rollout, abort_token: int,
+    def _sample(self, prompt: Prompt, rollout: Decoding, abort_token: int,
                 max_new_tokens: int | None = None) -> bool:
         """Decode into ``rollout`` token by token; True if the call was aborted."""
         eos_id, pad_id = self.task.tokenizer.eos_id, self.task.tokenizer.pad_id
@@ -247,7 +200,7 @@ class RolloutEngine:
         temperature = self.sampling.temperature
         version, decoder = rollout.start_version, StepDecoder(self.model)
         for _ in range(max_new_tokens or self.sampling.max_new_tokens):
-            if self._paused:  # read without the lock: a pause is seen at the next boundary
+            if self.state.paused:  # read without the lock: seen at the next boundary
                 if not self.partial_rollout:
                     return True
                 resumed = self._park()
@@ -265,12 +218,12 @@ class RolloutEngine:
             if temperature == 0:
                 next_tokens = logits.argmax(dim=-1)
             else:
-                probs = _top_p_filter(step_log_probs.exp(), self.sampling.top_p)
+                probs = top_p_filter(step_log_probs.exp(), self.sampling.top_p)
                 with self._rng_lock:
                     next_tokens = torch.multinomial(probs, 1, generator=self._generator)[:, 0]
             chosen = step_log_probs.gather(-1, next_tokens[:, None])[:, 0].tolist()
-            with self._state:
-                self._counters["decode_steps"] += 1
+            with self.state.lock:
+                self.state.counters["decode_steps"] += 1
             picked = next_tokens.tolist()  # one device-to-host copy per step
             for row in range(n_samples):
                 if not finished[row]:
@@ -285,30 +238,10 @@ class RolloutEngine:
             tokens = torch.cat([tokens, next_tokens[:, None]], dim=1)
         return False
 
-    def _samples(self, prompt: Prompt, group_index: int, rollout: _Rollout,
+    def _samples(self, prompt: Prompt, group_index: int, rollout: Decoding,
                  aborted: bool) -> list[Sample]:
-        samples = []
-        responses, finished = rollout.responses, rollout.finished
-        unfinished = SampleStatus.ABORTED if aborted else SampleStatus.TRUNCATED
-        statuses = [SampleStatus.COMPLETED if done else unfinished for done in finished]
-        rewards, reward_error = score_group(self.task, prompt, responses, statuses)
-        for row, (response, row_log_probs) in enumerate(zip(responses, rollout.log_probs)):
-            status, reward = statuses[row], rewards[row]
-            samples.append(Sample(
-                index=group_index * len(responses) + row,
-                group_index=group_index,
-                prompt_tokens=list(prompt.tokens),
-                response_tokens=list(response),
-                rollout_log_probs=list(row_log_probs),
-                reward=reward,
-                status=status,
-                weight_versions=_distinct([rollout.start_version, *rollout.token_versions[row]]),
-                token_versions=list(rollout.token_versions[row]),
-                metadata={"engine_id": self.engine_id, "prompt_index": prompt.index,
-                          "label": prompt.label},
-                reward_error=None if status is SampleStatus.ABORTED else reward_error,
-            ))
-        return samples
+        return build_samples(self.task, self.engine_id, prompt, group_index,
+                             rollout.rows(aborted))
 
     # ---------------------------------------------------------------------------- control
 
@@ -318,13 +251,13 @@ class RolloutEngine:
         ``abort`` mode they come back ABORTED, in ``in_place`` mode they park and keep their
         tokens. Returns when no call computes (so weights can be swapped safely), with the
         number of calls aborted (``abort``) or parked (``in_place``)."""
-        with self._state:
-            self._paused = True
+        with self.state.lock:
+            self.state.pause()
             if not self.partial_rollout:
                 self._abort_token += 1
-            interrupted = self._in_flight
+            interrupted = self.state.in_flight
             while self._running:
-                self._state.wait()
+                self.state.lock.wait()
             return interrupted
 
     @ray.method(concurrency_group=CONTROL)
@@ -335,12 +268,10 @@ class RolloutEngine:
         Raises:
             StaleEpochError: ``epoch`` is lower than the highest seen; the engine stays paused.
         """
-        with self._state:
+        with self.state.lock:
             if epoch is not None:
-                self._check_epoch("continue_generation", epoch)
-            self._paused = False
-            self._updating = False
-            self._state.notify_all()
+                self.state.check_epoch("continue_generation", epoch)
+            self.state.resume()
 
     @ray.method(concurrency_group=CONTROL)
     def begin_update(self, epoch: int) -> dict[str, Any]:
@@ -349,16 +280,16 @@ class RolloutEngine:
         Raises:
             StaleEpochError: ``epoch`` is lower than the highest seen; nothing changes.
         """
-        with self._state:
-            self._check_epoch("begin_update", epoch)
-            self._updating = True
+        with self.state.lock:
+            self.state.check_epoch("begin_update", epoch)
+            self.state.updating = True
         self.pause()
         return self.health()
 
     @ray.method(concurrency_group=CONTROL)
     def load_weights(self, tensors: dict[str, torch.Tensor], epoch: int,
                      transport: str = "full") -> str:
-        """Step 3: copy the transferred tensors in place; returns their checksum as received.
+        """Step 4: copy the transferred tensors in place; returns their checksum as received.
 
         ``full`` needs every tensor of the model, ``lora`` exactly its adapter tensors. The
         version label does not change (that is the stamp's job, after the commit).
@@ -369,35 +300,30 @@ class RolloutEngine:
             PolicyError: the tensors do not match the model; nothing changes.
             ValueError: unknown transport.
         """
-        if transport not in TRANSPORTS:
-            raise ValueError(f"unknown transport {transport!r}; expected one of {TRANSPORTS}")
+        transport = Transport.parse(transport)
         tensors = open_weights(tensors)  # CUDA IPC handles from a publisher on our GPU
-        with self._state:
-            self._check_epoch("load_weights", epoch)
-            if not self._paused or self._running:
+        with self.state.lock:
+            self.state.check_epoch("load_weights", epoch)
+            if not self.state.paused or self._running:
                 raise EngineStateError(
                     f"engine {self.engine_id} must be paused with no call computing to "
                     "load weights"
                 )
-            load_tensors(self.model, tensors, adapters_only=transport == "lora")
-            self._counters["weight_loads"] += 1
+            load_tensors(self.model, tensors, adapters_only=transport is Transport.LORA)
+            self.state.counters["weight_loads"] += 1
             return tensors_checksum(tensors)
 
     @ray.method(concurrency_group=CONTROL)
     def update_weight_version(self, version: int, epoch: int) -> str:
-        """Step 5: stamp the loaded weights with the committed ``version``; returns the
+        """Step 6: stamp the loaded weights with the committed ``version``; returns the
         engine id (for the ``engines_stamped`` event). Does not resume.
 
         Raises:
             StaleEpochError: ``epoch`` is lower than the highest seen; nothing changes.
             VersionLabelError: ``version`` is not a non-negative int; nothing changes.
         """
-        with self._state:
-            if epoch < self._epoch:
-                raise StaleEpochError(self.engine_id, "update_weight_version", epoch, self._epoch)
-            version = check_weight_version(version)
-            self._epoch = epoch
-            self._version = version
+        with self.state.lock:
+            self.state.stamp(version, epoch)
             return self.engine_id
 
     @ray.method(concurrency_group=CONTROL)
@@ -405,46 +331,13 @@ class RolloutEngine:
         """sha256 of the engine's tensors (all, or adapters only) in name order."""
         tensors = tensor_state_dict(self.model)
         if adapters_only:
-            tensors = {k: v for k, v in tensors.items() if k.endswith((".lora_a", ".lora_b"))}
+            tensors = {k: v for k, v in tensors.items() if is_lora_tensor(k)}
         return tensors_checksum(tensors)
 
     @ray.method(concurrency_group=CONTROL)
     def health(self) -> dict[str, Any]:
         """A snapshot: id, pid, version, epoch, pause mode, paused, updating, in flight
         (parked calls included), running, counters."""
-        with self._state:
-            return {
-                "engine_id": self.engine_id,
-                "pid": os.getpid(),
-                "backend": self.backend,
-                "version": self._version,
-                "epoch": self._epoch,
-                "pause_mode": self.pause_mode,
-                "paused": self._paused,
-                "updating": self._updating,
-                "in_flight": self._in_flight,
-                "running": self._running,
-                **self._counters,
-            }
-
-
-@dataclass
-class _Rollout:
-    """What one generate call has decoded so far, row by row."""
-
-    start_version: int
-    responses: list[list[int]]
-    log_probs: list[list[float]]
-    token_versions: list[list[int]]
-    finished: list[bool]
-
-    @classmethod
-    def empty(cls, n_samples: int, start_version: int) -> _Rollout:
-        return cls(start_version, [[] for _ in range(n_samples)],
-                   [[] for _ in range(n_samples)], [[] for _ in range(n_samples)],
-                   [False] * n_samples)
-
-
-def _distinct(versions: list[int]) -> list[int]:
-    """``versions`` without repeats, in the order first seen."""
-    return list(dict.fromkeys(versions))
+        with self.state.lock:
+            return {**self.state.snapshot(), "backend": self.backend,
+                    "pause_mode": self.pause_mode, "running": self._running}

@@ -16,9 +16,20 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DEFAULT_GPU_MEMORY_UTILIZATION", "engine_arguments", "start_vllm"]
+__all__ = ["DEFAULT_GPU_MEMORY_UTILIZATION", "DEFAULT_KV_CACHE_BYTES", "VLLM_ENVIRONMENT",
+           "engine_arguments", "start_vllm"]
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's own default, for an engine with a whole GPU
+DEFAULT_KV_CACHE_BYTES = 64 << 20  # a CPU engine's KV cache on a shared small machine
+VLLM_ENVIRONMENT: dict[str, str] = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core lives in this process
+    "TORCH_COMPILE_DISABLE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # a shared small machine: no core pinning
+    "VLLM_NO_USAGE_STATS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+"""The environment a vLLM engine actor sets before vLLM is imported."""
 
 
 def engine_arguments(model_dir: str, seed: int, max_model_len: int, kv_cache_bytes: int,

@@ -8,10 +8,9 @@ plain class, made remote where it is allocated, as a threaded actor::
 
     Engine = ray.remote(**VLLM_ENGINE_ACTOR_OPTIONS)(VLLMEngine)
 
-How it drives vLLM (0.32, V1, CPU or CUDA: :mod:`actors.engines.vllm_args`): one in-process ``LLMEngine`` (no engine-core subprocess:
-``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so killing the actor kills the engine), stepped by one
-thread of ours. Each ``step()`` is one token for every running request, so "between tokens" is
-"between steps", and every token is stamped with the version the engine held during its step.
+How it drives vLLM (0.32, V1, CPU or CUDA: :mod:`actors.engines.vllm_args`): one in-process
+``LLMEngine`` (no engine-core subprocess: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so killing the
+actor kills the engine), stepped by one thread of ours (:mod:`actors.engines.vllm_serving`).
 
 - **Weights**: ``collective_rpc("reload_weights", weights_iterator=[(hf_name, tensor)])``, then
   ``reset_prefix_cache(reset_running_requests=True)``: without it a cached prefix computed
@@ -34,28 +33,29 @@ The version label, the epoch fence and the stamp are exactly the built-in engine
 
 from __future__ import annotations
 
-import itertools
 import os
-import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
 from actors.engines.engine_protocol import pause_mode
 from actors.engines.engine_state import EngineState
-from actors.engines.vllm_args import engine_arguments, start_vllm
-from actors.errors import EngineStateError
-from actors.policies.hf_policy import HFPolicyConfig, hf_config, read_checkpoint
-from actors.policies.policy import PolicyError
-from actors.engines.rollout_engine import SamplingParams
-from actors.engines.scoring import score_group
-from actors.task import AdditionTask
+from actors.engines.sampling import SamplingParams
+from actors.engines.vllm_args import (
+    DEFAULT_KV_CACHE_BYTES,
+    VLLM_ENVIRONMENT,
+    engine_arguments,
+    start_vllm,
+)
+from actors.engines.vllm_serving import VLLMServing
 from actors.engines.vllm_weights import EngineWeights
+from actors.errors import EngineStateError, PolicyError
+from actors.policies.hf_policy import HFPolicyConfig, hf_config, read_checkpoint
+from actors.task import AdditionTask
 from actors.weight_paths import open_weights
-from actors.weight_sync import tensors_checksum
-from orchestrator.rollout.types import Prompt, Sample, SampleStatus
+from actors.publishing.weight_sync import tensors_checksum
+from orchestrator.rollout.types import Prompt, Sample
 
 __all__ = ["VLLM_ENGINE_ACTOR_OPTIONS", "VLLM_ENVIRONMENT", "VLLMEngine"]
 
@@ -65,28 +65,6 @@ VLLM_ENGINE_ACTOR_OPTIONS: dict[str, Any] = {
     "max_concurrency": 32,  # concurrent generate calls (they wait on the stepping thread)
     "concurrency_groups": {CONTROL: 4},
 }
-VLLM_ENVIRONMENT: dict[str, str] = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core lives in this process
-    "TORCH_COMPILE_DISABLE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # a shared small machine: no core pinning
-    "VLLM_NO_USAGE_STATS": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-}
-_DEFAULT_KV_CACHE_BYTES = 64 << 20
-
-
-@dataclass
-class _Track:
-    """One sample in flight: one vLLM request."""
-
-    request_id: str
-    start_version: int
-    tokens: list[int] = field(default_factory=list)
-    log_probs: list[float] = field(default_factory=list)
-    token_versions: list[int] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" | "length" | "abort" once finished
 
 
 class VLLMEngine:
@@ -105,7 +83,7 @@ class VLLMEngine:
         sampling: SamplingParams | dict[str, Any] | None = None,
         partial_rollout: bool = False,
         paused_wait_timeout_s: float = 60.0,
-        kv_cache_bytes: int = _DEFAULT_KV_CACHE_BYTES,
+        kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
         device: str = "cpu",
         dtype: str = "float32",
         gpu_memory_utilization: float | None = None,
@@ -138,12 +116,9 @@ class VLLMEngine:
         self.startup_s = time.monotonic() - started
         self.state = EngineState(engine_id)
         self.state.counters["generated_tokens"] = 0
-        self._engine_lock = threading.Lock()
-        self._tracks: dict[str, _Track] = {}
-        self._request_ids = itertools.count()
-        self._closed = False
-        self._stepper = threading.Thread(target=self._step_loop, name="vllm-step", daemon=True)
-        self._stepper.start()
+        self._serving = VLLMServing(self._llm, self.state, engine_id, self.task, self.sampling,
+                                    self.max_model_len, paused_wait_timeout_s)
+        self._engine_lock = self._serving.lock  # every call into vLLM
 
     def pid(self) -> int:
         """The process id of this engine (tests and drills kill it from outside)."""
@@ -159,148 +134,7 @@ class VLLMEngine:
         Raises:
             ValueError: ``n_samples < 1`` or the prompt leaves no room for a response.
         """
-        if n_samples < 1:
-            raise ValueError(f"n_samples must be >= 1, got {n_samples}")
-        room = min(max_new_tokens or self.sampling.max_new_tokens,
-                   self.max_model_len - len(prompt.tokens))
-        if room < 1:
-            raise ValueError(f"prompt of {len(prompt.tokens)} tokens leaves no room to answer")
-        tracks = self._submit(prompt, n_samples, room)
-        if tracks is None:  # still paused after the wait: nothing was started
-            version = self.state.version
-            empty = [_Track("", version, versions=[version], finish_reason="abort")
-                     for _ in range(n_samples)]
-            return self._samples(prompt, group_index, empty)
-        try:
-            self._wait(tracks)
-        finally:
-            with self.state.lock:
-                for track in tracks:
-                    self._tracks.pop(track.request_id, None)
-                self.state.in_flight -= 1
-                if any(t.finish_reason == "abort" for t in tracks):
-                    self.state.counters["aborted_calls"] += 1
-                self.state.lock.notify_all()
-        return self._samples(prompt, group_index, tracks)
-
-    def _submit(self, prompt: Prompt, n_samples: int, max_tokens: int) -> list[_Track] | None:
-        """Add the requests once the engine is not paused; None if it stayed paused."""
-        from vllm import SamplingParams as VLLMSamplingParams
-        from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
-
-        params = VLLMSamplingParams(
-            n=1, max_tokens=max_tokens, temperature=self.sampling.temperature,
-            top_p=self.sampling.top_p, logprobs=0, detokenize=False,
-            stop_token_ids=[self.task.tokenizer.eos_id], output_kind=RequestOutputKind.DELTA,
-        )
-        deadline = time.monotonic() + self.paused_wait_timeout_s
-        while True:
-            with self.state.lock:
-                if not self.state.wait_unpaused(deadline):
-                    self.state.counters["generate_calls"] += 1
-                    self.state.counters["aborted_calls"] += 1
-                    return None
-            with self._engine_lock, self.state.lock:
-                if self.state.paused:
-                    continue  # paused again in between: wait again
-                self.state.counters["generate_calls"] += 1
-                self.state.in_flight += 1
-                version = self.state.version
-                tracks = [_Track(f"{self.engine_id}-{next(self._request_ids)}", version,
-                                 versions=[version]) for _ in range(n_samples)]
-                for track in tracks:
-                    self._tracks[track.request_id] = track
-                    self._llm.add_request(track.request_id,
-                                          TokensPrompt(prompt_token_ids=list(prompt.tokens)),
-                                          params)
-                self.state.lock.notify_all()  # wake the stepping thread
-                return tracks
-
-    def _wait(self, tracks: list[_Track]) -> None:
-        """Until every track finished; a call parked past the paused-wait timeout is aborted
-        with its tokens so far."""
-        while True:
-            with self.state.lock:
-                if all(t.finish_reason for t in tracks):
-                    return
-                if not self.state.parked_too_long(self.paused_wait_timeout_s):
-                    self.state.lock.wait(timeout=0.5)
-                    continue
-            self._abort(tracks)
-
-    def _abort(self, tracks: list[_Track]) -> None:
-        with self._engine_lock, self.state.lock:
-            unfinished = [t for t in tracks if t.finish_reason is None]
-            if unfinished:
-                self._llm.abort_request([t.request_id for t in unfinished])
-            for track in unfinished:
-                track.finish_reason = "abort"
-            self.state.lock.notify_all()
-
-    def _step_loop(self) -> None:
-        """The one thread that steps vLLM: one token per running request per step."""
-        while True:
-            with self.state.lock:
-                while not self._closed and (self.state.paused or not self._unfinished()):
-                    self.state.lock.wait(timeout=1.0)
-                if self._closed:
-                    return
-            with self._engine_lock:
-                with self.state.lock:
-                    if self.state.paused:
-                        continue
-                    version = self.state.version
-                outputs = self._llm.step()
-                with self.state.lock:
-                    self._deliver(outputs, version)
-
-    def _unfinished(self) -> bool:
-        return any(t.finish_reason is None for t in self._tracks.values())
-
-    def _deliver(self, outputs: list[Any], version: int) -> None:
-        """Must hold both locks. Append each request's new tokens, stamped with ``version``."""
-        for output in outputs:
-            track = self._tracks.get(output.request_id)
-            if track is None or track.finish_reason is not None:
-                continue
-            completion = output.outputs[0]
-            for index, token in enumerate(completion.token_ids):
-                track.tokens.append(int(token))
-                track.log_probs.append(float(completion.logprobs[index][token].logprob))
-                track.token_versions.append(version)
-            self.state.counters["generated_tokens"] += len(completion.token_ids)
-            if completion.token_ids and version not in track.versions:
-                track.versions.append(version)
-            if output.finished:
-                track.finish_reason = completion.finish_reason or "stop"
-        self.state.lock.notify_all()
-
-    def _samples(self, prompt: Prompt, group_index: int, tracks: list[_Track]) -> list[Sample]:
-        samples = []
-        eos_id = self.task.tokenizer.eos_id
-        statuses = [SampleStatus.ABORTED if track.finish_reason == "abort"
-                    else SampleStatus.COMPLETED if track.tokens and track.tokens[-1] == eos_id
-                    else SampleStatus.TRUNCATED for track in tracks]
-        rewards, reward_error = score_group(self.task, prompt,
-                                            [track.tokens for track in tracks], statuses)
-        for row, track in enumerate(tracks):
-            status, reward = statuses[row], rewards[row]
-            samples.append(Sample(
-                index=group_index * len(tracks) + row,
-                group_index=group_index,
-                prompt_tokens=list(prompt.tokens),
-                response_tokens=list(track.tokens),
-                rollout_log_probs=list(track.log_probs),
-                reward=reward,
-                status=status,
-                weight_versions=list(track.versions),
-                token_versions=list(track.token_versions),
-                metadata={"engine_id": self.engine_id, "prompt_index": prompt.index,
-                          "label": prompt.label},
-                reward_error=None if status is SampleStatus.ABORTED else reward_error,
-            ))
-        return samples
+        return self._serving.generate(prompt, n_samples, group_index, max_new_tokens)
 
     # ---------------------------------------------------------------------------- control
 
@@ -324,18 +158,11 @@ class VLLMEngine:
         with self.state.lock:
             self.state.pause()
         with self._engine_lock:
+            if self.pause_mode == "abort":
+                return self._serving.abort_unfinished()
             with self.state.lock:
                 in_flight = self.state.in_flight
-                unfinished = [t for t in self._tracks.values() if t.finish_reason is None]
-            if self.pause_mode == "abort":
-                if unfinished:
-                    self._llm.abort_request([t.request_id for t in unfinished])
-                with self.state.lock:
-                    for track in unfinished:
-                        track.finish_reason = "abort"
-                    self.state.lock.notify_all()
-            else:
-                self._core().pause_scheduler(mode="keep", clear_cache=False)
+            self._core().pause_scheduler(mode="keep", clear_cache=False)
         return in_flight
 
     @ray.method(concurrency_group=CONTROL)
@@ -436,10 +263,7 @@ class VLLMEngine:
 
     def close(self) -> None:
         """Stop the stepping thread (the engine is freed with the actor)."""
-        with self.state.lock:
-            self._closed = True
-            self.state.lock.notify_all()
-        self._stepper.join(timeout=5.0)
+        self._serving.close()
 
     def _core(self) -> Any:
         """The in-process ``EngineCore`` (its scheduler pause has no ``LLMEngine`` wrapper)."""

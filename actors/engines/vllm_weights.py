@@ -21,18 +21,16 @@ from dataclasses import dataclass
 
 import torch
 
-from actors.policies.policy import PolicyError
+from actors.errors import PolicyError
+from actors.transport import Transport, is_lora_tensor
 
 __all__ = ["EngineWeights", "UpdatePlan"]
-
-_ADAPTER_SUFFIXES = (".lora_a", ".lora_b")
-
 
 @dataclass(frozen=True)
 class UpdatePlan:
     """What one ``load_weights`` sends to vLLM (``reload``) and keeps as logical state."""
 
-    transport: str
+    transport: Transport
     received: dict[str, torch.Tensor]
     reload: dict[str, torch.Tensor]
 
@@ -70,19 +68,18 @@ class EngineWeights:
         # CPU copies (no-ops for CPU tensors): the logical state must not hold on to a
         # publisher's CUDA memory opened by IPC, and the LoRA base lives on the CPU.
         received = {name: tensor.detach().float().cpu() for name, tensor in tensors.items()}
-        if transport == "full":
+        transport = Transport.parse(transport)
+        if transport is Transport.FULL:
             return UpdatePlan(transport, received, self._check_full(received))
-        if transport == "lora":
-            merged = self._merge_adapters(received)
-            # Anything a full update moved away from the base goes back to it as well.
-            restored = {name: self.base[name] for name, tensor in self.current.items()
-                        if tensor is not self.base[name] and name not in merged}
-            return UpdatePlan(transport, received, {**restored, **merged})
-        raise ValueError(f"unknown transport {transport!r}; expected 'full' or 'lora'")
+        merged = self._merge_adapters(received)
+        # Anything a full update moved away from the base goes back to it as well.
+        restored = {name: self.base[name] for name, tensor in self.current.items()
+                    if tensor is not self.base[name] and name not in merged}
+        return UpdatePlan(transport, received, {**restored, **merged})
 
     def record(self, plan: UpdatePlan) -> None:
         """Adopt a plan that vLLM has loaded."""
-        if plan.transport == "full":
+        if plan.transport is Transport.FULL:
             self.current = dict(plan.reload)
             self.adapters = {}
         else:
@@ -107,7 +104,7 @@ class EngineWeights:
         return {name: received[name] for name in self.base}
 
     def _merge_adapters(self, received: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if not received or not all(name.endswith(_ADAPTER_SUFFIXES) for name in received):
+        if not received or not all(is_lora_tensor(name) for name in received):
             raise PolicyError("a lora update carries only ...lora_a / ...lora_b tensors")
         modules = {name.rsplit(".", 1)[0] for name in received}
         merged: dict[str, torch.Tensor] = {}

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from actors.policies.policy import PolicyError
+from ledger.store.atomic_files import replace_directory
 
 __all__ = [
     "HF_LORA_TARGETS",
@@ -213,7 +214,7 @@ def ensure_task_model(directory: str | Path, symbols: Sequence[str], seed: int,
     (temporary / _MARKER).write_text(json.dumps(recipe), encoding="utf-8")
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        os.replace(temporary, target)
+        replace_directory(temporary, target)  # fsync of the files, the rename, the parent
     except OSError:
         if not marker.exists():  # not another process that made the same model first
             raise

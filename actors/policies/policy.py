@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from actors.errors import PolicyError
+from actors.transport import is_lora_tensor
 from actors.policies.megatron_gpt import build_megatron_gpt, ensure_megatron_parallel_state
 
 __all__ = [
@@ -168,17 +169,13 @@ def tensor_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def _is_adapter(name: str) -> bool:
-    return name.endswith((".lora_a", ".lora_b"))
-
-
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """Only the adapter tensors (``...lora_a``, ``...lora_b``), detached, keyed by name.
 
     Raises:
         PolicyError: the model has no adapters.
     """
-    adapters = {name: t for name, t in tensor_state_dict(model).items() if _is_adapter(name)}
+    adapters = {name: t for name, t in tensor_state_dict(model).items() if is_lora_tensor(name)}
     if not adapters:
         raise PolicyError("the model has no LoRA adapters")
     return adapters
@@ -195,7 +192,7 @@ def load_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], adapters_on
         PolicyError: a missing, unexpected or mis-shaped tensor.
     """
     own = tensor_state_dict(model)
-    expected = {name for name in own if _is_adapter(name)} if adapters_only else set(own)
+    expected = {name for name in own if is_lora_tensor(name)} if adapters_only else set(own)
     missing, unexpected = expected - set(tensors), set(tensors) - expected
     if missing or unexpected:
         raise PolicyError(

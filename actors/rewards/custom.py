@@ -19,13 +19,10 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from actors.errors import RewardLoadError
 from actors.rewards.builtin import BUILTIN_REWARDS
 
 __all__ = ["RewardFunction", "RewardLoadError", "reward_function"]
-
-
-class RewardLoadError(ValueError):
-    """The reward function cannot be imported or is not callable (one line)."""
 
 
 def _import(path: str) -> Callable[..., Any]:

@@ -15,12 +15,12 @@ lines, ``checkpoints/step-NNNNNN.witness.json`` beside each checkpoint.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ledger.store.atomic_files import write_text_atomically
 from ledger.errors import LedgerError, UnknownRunError
 from ledger.events import Event, EventKind, Head
 from ledger.audit.report import Problem
@@ -177,16 +177,14 @@ def check_witnesses(reader: WitnessReader, witnesses: Iterable[Witness]) -> list
 
 def write_checkpoint_witness(checkpoint: Path | str, witness: Witness) -> Path:
     """Write ``witness`` beside ``checkpoint`` (``step-N.pt`` -> ``step-N.witness.json``),
-    atomically (temporary file, then rename), and return its path.
+    atomically and durably (:func:`ledger.store.atomic_files.write_text_atomically`: fsync of the
+    file and of its directory), and return its path.
 
     Raises:
         OSError: the file could not be written.
     """
     target = checkpoint_witness_path(Path(checkpoint))
-    temporary = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-    temporary.write_text(json.dumps(witness.to_dict(), sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(temporary, target)
-    return target
+    return write_text_atomically(target, json.dumps(witness.to_dict(), sort_keys=True) + "\n")
 
 
 def read_checkpoint_witness(checkpoint: Path | str) -> Witness | None:

@@ -26,6 +26,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from actors.transport import Transport
 from orchestrator.config import RunConfig
 from orchestrator.control.cluster import devices
 from orchestrator.control.errors import StartupError
@@ -217,7 +218,7 @@ def policy_config(config: RunConfig):
 
     task = run_task(config)
     sizes = {"vocab_size": task.vocab_size, "max_sequence_length": task.max_sequence_length}
-    if config.transport != "lora":
+    if config.transport != Transport.LORA:
         return PolicyConfig(**sizes)
     return PolicyConfig(**sizes, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
 
@@ -276,7 +277,7 @@ def create_cell(config: RunConfig, cell_id: str):
     return ray.remote(**options)(TrainCell).remote(
         cell_id, config.backend, policy_config(config), seed=config.seed,
         transport=config.transport,
-        learning_rate=config.lora_lr if config.transport == "lora" else config.lr,
+        learning_rate=config.lora_lr if config.transport == Transport.LORA else config.lr,
         grpo=objective,
         collective_timeout_s=config.heartbeat_timeout_s,
         ledger_url=config.db, run_id=config.run_id, **devices.cell_device_options(config),

@@ -4,8 +4,9 @@ Every other drill kills a part of the job from the driver's side. These kill the
 itself, so the job runs in a child process (``python -m orchestrator.drills.crash SPEC``) whose
 :class:`CrashHooks` SIGKILL that process at the planned point:
 
-- ``between-commit-and-stamp``: at the planned step's publish, the publisher's public steps
-  are driven by hand up to the commit (``begin_update``, ``transfer``, ``commit``): a version is
+- ``between-commit-and-stamp``: at the planned step's publish, the publisher is armed to
+  freeze itself right after its commit (``UpdatePoint.AFTER_COMMIT`` of THE update sequence,
+  :mod:`actors.publishing.sequence`) and the job's own publish runs into it: a version is
   committed, the engines are paused and unstamped, and the driver dies.
 - ``mid-drain``: once the step has ended, while the driver waits for the next drain (the
   producer has part of the batch), the driver dies.
@@ -32,13 +33,14 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from actors.publishing.sequence import UpdatePoint
 from ledger import EventKind, Ledger
 from ledger.run_layout import metric_key
 from orchestrator.config import RunConfig
 from orchestrator.control.hooks import JobHooks
 from orchestrator.control.provenance import prompt_ledger
 from orchestrator.drills.context import DrillContext, utcnow_naive
-from orchestrator.drills.faults import actor_pid, publisher_of
+from orchestrator.drills.faults import actor_pid, arm_update_stop, publisher_of, wait_stopped
 
 if TYPE_CHECKING:
     from orchestrator.control.driver import TrainingJob
@@ -68,25 +70,33 @@ class CrashHooks(JobHooks):
     def before_publish(self, job: TrainingJob) -> None:
         if not self._armed:
             return
+        self._armed = False
         target = publisher_of(job)
-        engines = list(job.supervisor.engines.values())
-        ray.get(target.actor.begin_update.remote(engines, target.epoch))
-        checksum = ray.get(target.actor.transfer.remote(engines, target.epoch))
-        version = ray.get(target.actor.commit.remote(target.epoch, checksum))
-        self._die(job, committed=version)
+        pids = self._pids(job)  # now: a frozen cell answers nothing
+        arm_update_stop(target, UpdatePoint.AFTER_COMMIT)
+        threading.Thread(target=self._die_when_frozen, args=(job, target.pid, pids),
+                         daemon=True).start()
+
+    def _die_when_frozen(self, job: TrainingJob, cell_pid: int, pids: list[int]) -> None:
+        if wait_stopped(cell_pid):
+            self._die(job, pids, committed=job.ledger.head(job.run_id).version)
 
     def _die_soon(self, job: TrainingJob) -> None:
         time.sleep(_MID_DRAIN_DELAY_S)
         queued = ray.get(job.supervisor.manager.metrics.remote(), timeout=30)
-        self._die(job, queue_size=queued.get(metric_key("queue_size")))
+        self._die(job, self._pids(job), queue_size=queued.get(metric_key("queue_size")))
 
-    def _die(self, job: TrainingJob, **detail: Any) -> None:
-        head = job.ledger.head(job.run_id)
+    def _pids(self, job: TrainingJob) -> list[int]:
+        """This process, and for ``everything`` every worker of the job."""
         pids = [os.getpid()]
         if self.what == "everything":
             actors = [job.supervisor.manager, *job.supervisor.engines.values(),
                       *(job.supervisor.cells.actor(c) for c in job.supervisor.cells.alive_ids())]
             pids += [actor_pid(actor) for actor in actors]
+        return pids
+
+    def _die(self, job: TrainingJob, pids: list[int], **detail: Any) -> None:
+        head = job.ledger.head(job.run_id)
         job.ledger.append(job.run_id, EventKind.FAULT_INJECTED, {
             "scenario": self.scenario, "point": self.point, "step": self.step,
             "fired_at": utcnow_naive().isoformat(), "version_before": head.version,

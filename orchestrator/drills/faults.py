@@ -4,7 +4,11 @@ point of a step.
 
 The precise kills are :class:`~orchestrator.control.hooks.JobHooks` subclasses, armed on a
 drill through :meth:`DrillContext.arm`: the control plane calls them at its named hook points,
-and they act on the processes from outside. No production object is modified.
+and they act on the processes from outside. A kill inside a weight update arms a named point
+of THE update sequence on the publisher cell (``TrainCell.arm_update_fault``,
+:class:`actors.publishing.sequence.UpdatePoint`), lets the job's normal publish run into it (the
+cell freezes itself there), then SIGKILLs the frozen cell: the death lands in the production
+path. No production object is modified.
 
 Database outages (SQLite and PostgreSQL) are in :mod:`orchestrator.drills.outages`.
 """
@@ -25,6 +29,9 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
+from actors.cluster.node_info import node_and_host
+from actors.publishing.weight_sync import load_staged_weights
+from actors.publishing.sequence import FaultAction, UpdatePoint
 from orchestrator.control.hooks import JobHooks
 from orchestrator.drills.context import DrillContext, DrillError
 
@@ -33,17 +40,23 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CellTarget",
-    "KillBetweenUpdateSteps",
+    "KillAtUpdatePoint",
     "MID_TRAIN_ATTEMPTS",
     "MidTrainKill",
     "actor_pid",
+    "arm_update_stop",
     "cpu_ns",
     "frozen",
+    "is_stopped",
     "kill_and_wait",
     "publisher_of",
+    "wait_stopped",
+    "zombie_commit",
+    "zombie_transfer",
 ]
 
 MID_TRAIN_ATTEMPTS = 5  # training steps a mid-train kill may watch for one it can catch
+UPDATE_POINT_TIMEOUT_S = 180.0  # how long a publish may take to reach an armed point
 _COMPUTING_NS = 2_000_000  # CPU time of a worker's main thread that means "in a step"
 _POLL_S = 0.01
 
@@ -53,7 +66,7 @@ def _own_pid(actor_self: Any) -> int:
 
 
 def _own_pid_and_host(actor_self: Any) -> tuple[int, str]:
-    return os.getpid(), ray.util.get_node_ip_address()
+    return os.getpid(), node_and_host()[1]
 
 
 def actor_pid(actor: Any, timeout_s: float = 60.0) -> int:
@@ -67,7 +80,7 @@ def actor_pid(actor: Any, timeout_s: float = 60.0) -> int:
         ray.exceptions.GetTimeoutError: it did not answer within ``timeout_s``.
     """
     pid, host = ray.get(actor.__ray_call__.remote(_own_pid_and_host), timeout=timeout_s)
-    if host != ray.util.get_node_ip_address():
+    if host != node_and_host()[1]:
         raise DrillError(f"the actor runs on {host}, not on this machine: its process cannot "
                          "be signalled from here")
     return int(pid)
@@ -215,19 +228,50 @@ class MidTrainKill(JobHooks):
                        ray_detect_s=round(detect_s, 3))
 
 
-class KillBetweenUpdateSteps(JobHooks):
-    """At the next ``before_publish``, drive the publisher's public update steps by hand up to
-    the planned point, then SIGKILL it; the job's own publish path runs next and must fail
-    over.
+def is_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped by a signal (state ``T`` in Linux ``/proc/PID/stat``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].startswith(("T", "t"))
 
-    The publisher ``begin_update`` s and ``transfer`` s; with ``commit_first`` it also
-    ``commit`` s (a death after the commit, before the stamp, leaves an audited
-    committed-but-unstamped version). One shot: later publishes run untouched.
+
+def wait_stopped(pid: int, timeout_s: float = UPDATE_POINT_TIMEOUT_S) -> bool:
+    """Wait until ``pid`` is stopped (it froze itself at an armed point); False after
+    ``timeout_s`` or if it is gone."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if is_stopped(pid):
+            return True
+        if not Path(f"/proc/{pid}").exists():
+            return False
+        time.sleep(_POLL_S)
+    return False
+
+
+def arm_update_stop(target: CellTarget, point: UpdatePoint) -> None:
+    """Arm ``point`` of the next weight update on ``target``: the cell will SIGSTOP itself
+    there (:meth:`actors.train_cell.TrainCell.arm_update_fault`).
+
+    Raises:
+        ray.exceptions.RayActorError: the cell is dead.
+        ray.exceptions.GetTimeoutError: it did not answer within 60 s.
+    """
+    ray.get(target.actor.arm_update_fault.remote(point, FaultAction.STOP), timeout=60)
+
+
+class KillAtUpdatePoint(JobHooks):
+    """At the next ``before_publish``, arm ``point`` on the publisher (it freezes there during
+    the job's own publish), then SIGKILL it from a watcher thread once it is frozen; the
+    publish fails over. At :attr:`UpdatePoint.AFTER_COMMIT` the detail records the version
+    committed and never stamped (the ledger head while the cell is frozen). One shot: later
+    publishes run untouched.
     """
 
-    def __init__(self, ctx: DrillContext, *, commit_first: bool) -> None:
+    def __init__(self, ctx: DrillContext, point: UpdatePoint) -> None:
         self.ctx = ctx
-        self.commit_first = commit_first
+        self.point = point
         self.done = False
 
     def before_publish(self, job: TrainingJob) -> None:
@@ -235,12 +279,31 @@ class KillBetweenUpdateSteps(JobHooks):
             return
         self.done = True
         target = publisher_of(job)
-        engines = list(job.supervisor.engines.values())
-        ray.get(target.actor.begin_update.remote(engines, target.epoch))
-        checksum = ray.get(target.actor.transfer.remote(engines, target.epoch))
+        arm_update_stop(target, self.point)
+        self.ctx.background(threading.Thread(target=self._kill_when_frozen, args=(job, target),
+                                             name="drill-update-kill", daemon=True))
+
+    def _kill_when_frozen(self, job: TrainingJob, target: CellTarget) -> None:
+        if not wait_stopped(target.pid):
+            return  # never reached: the drill fails as "never fired"
         detail: dict[str, Any] = {"cell": target.cell_id, "epoch": target.epoch,
-                                  "pid": target.pid}
-        if self.commit_first:
-            detail["committed"] = ray.get(target.actor.commit.remote(target.epoch, checksum))
+                                  "pid": target.pid, "update_point": str(self.point)}
+        if self.point is UpdatePoint.AFTER_COMMIT:
+            detail["committed"] = job.ledger.head(job.run_id).version
+        # Recorded while the cell is frozen: the failover the kill starts comes after it.
+        self.ctx.fired(job, **detail)
         detect_s = kill_and_wait(target.actor, target.pid)
-        self.ctx.fired(job, **detail, ray_detect_s=round(detect_s, 3))
+        self.ctx.record.detail["ray_detect_s"] = round(detect_s, 3)
+
+
+def zombie_commit(cell: Any, epoch: int) -> int:
+    """Run inside a cell (``actor.__ray_call__.remote(zombie_commit, epoch)``): step 5 of the
+    update sequence, the cell's own fenced commit of a made-up checksum, at ``epoch``."""
+    return cell.records.commit(epoch, cell.train_step_count, cell.transport, None,
+                               "0" * 64).version
+
+
+def zombie_transfer(cell: Any, engines: list[Any], epoch: int) -> str:
+    """Run inside a cell: steps 3 and 4 of the update sequence (stage, load into every
+    engine) with the cell's weights, at ``epoch``, with no pause before them."""
+    return load_staged_weights(engines, cell.stage(engines), epoch, cell.transport)

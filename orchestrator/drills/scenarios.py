@@ -21,17 +21,20 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from actors.publishing.sequence import UpdatePoint
 from ledger import FencedError
 from orchestrator.drills.checker import DrillRunState, first_commit_after
 from orchestrator.drills.context import DrillContext, StopRun, error_name
 from orchestrator.drills.crash import CRASH_POINTS, expect_prompts_once
 from orchestrator.drills.faults import (
-    KillBetweenUpdateSteps,
+    KillAtUpdatePoint,
     MidTrainKill,
     actor_pid,
     frozen,
     kill_and_wait,
     publisher_of,
+    zombie_commit,
+    zombie_transfer,
 )
 from orchestrator.drills.outages import database_outage
 
@@ -59,12 +62,20 @@ class Scenario:
 
 # ------------------------------------------------------------------------ publisher deaths
 
+# A drill point inside a weight update -> the named point of THE update sequence it kills at.
+UPDATE_KILL_POINTS: dict[str, UpdatePoint] = {
+    "mid-transfer": UpdatePoint.MID_TRANSFER,
+    "before-commit": UpdatePoint.AFTER_TRANSFER,
+    "before-stamp": UpdatePoint.AFTER_COMMIT,
+}
+
+
 def _kill_publisher(ctx: DrillContext, job: TrainingJob) -> None:
     """Arm the kill that lands at the planned point of the next step."""
     if ctx.plan.point == "mid-train":
         ctx.arm(MidTrainKill(ctx, publisher_of(job)))
     else:
-        ctx.arm(KillBetweenUpdateSteps(ctx, commit_first=ctx.plan.point == "before-stamp"))
+        ctx.arm(KillAtUpdatePoint(ctx, UPDATE_KILL_POINTS[ctx.plan.point]))
 
 
 def _expect_failover(ctx: DrillContext, job: TrainingJob | None,
@@ -84,9 +95,10 @@ def _expect_failover(ctx: DrillContext, job: TrainingJob | None,
 
 def _zombie_publisher(ctx: DrillContext, job: TrainingJob) -> None:
     """SIGSTOP the publisher; fail over by heartbeat timeout; let the successor publish (so
-    engines learn the new epoch); SIGCONT the zombie and have it try to commit, to begin an
-    update and to transfer at its old epoch. All three must be refused and change nothing.
-    Healing (which kills the zombie) is left to the driver's next step."""
+    engines learn the new epoch); SIGCONT the zombie and have it, at its old epoch, run the
+    whole update sequence, and (inside its own process) the sequence's commit step and its
+    stage-and-load steps. All three must be refused and change nothing. Healing (which kills
+    the zombie) is left to the driver's next step."""
     zombie = publisher_of(job)
     engines = list(job.supervisor.engines.values())
     with frozen(zombie.pid):
@@ -99,9 +111,9 @@ def _zombie_publisher(ctx: DrillContext, job: TrainingJob) -> None:
     head = job.ledger.head(job.run_id)
     engine_state = _engine_state(engines)
     attempts = {
-        "commit": zombie.actor.commit.remote(zombie.epoch, "0" * 64),
-        "begin_update": zombie.actor.begin_update.remote(engines, zombie.epoch),
-        "transfer": zombie.actor.transfer.remote(engines, zombie.epoch),
+        "commit": zombie.actor.__ray_call__.remote(zombie_commit, zombie.epoch),
+        "update_weights": zombie.actor.update_weights.remote(engines, zombie.epoch),
+        "transfer": zombie.actor.__ray_call__.remote(zombie_transfer, engines, zombie.epoch),
     }
     refused = {}
     for name, ref in attempts.items():
@@ -126,10 +138,10 @@ def _expect_fenced(ctx: DrillContext, job: TrainingJob | None,
     problems = _expect_promotions(ctx, state, 1)
     if detail.get("cell") not in detail.get("lost_by_heartbeat", []):
         problems.append("the frozen publisher was not detected by the heartbeat timeout")
-    # begin_update may be refused by the engines rather than the ledger: its event has the
-    # same idempotency key as the zombie's last update, so the ledger returns the stored one
-    # (writes nothing) and the engines, at the new epoch, refuse the pause.
-    expected = {"commit": {"FencedError"}, "begin_update": {"FencedError", "StaleEpochError"},
+    # update_weights may be refused by the engines rather than the ledger: its started event
+    # has the same idempotency key as the zombie's last update, so the ledger returns the
+    # stored one (writes nothing) and the engines, at the new epoch, refuse the pause.
+    expected = {"commit": {"FencedError"}, "update_weights": {"FencedError", "StaleEpochError"},
                 "transfer": {"StaleEpochError"}}
     attempts = detail.get("zombie_attempts", {})
     for name, refusals in expected.items():
@@ -325,8 +337,8 @@ SCENARIOS: dict[str, Scenario] = {
     s.name: s for s in (
         Scenario("kill-publisher-mid-train", ("mid-train",), (1, 2, 3), _kill_publisher,
                  _expect_failover),
-        Scenario("kill-publisher-mid-transfer", ("before-commit",), (1, 2, 3), _kill_publisher,
-                 _expect_failover),
+        Scenario("kill-publisher-mid-transfer", ("mid-transfer", "before-commit"), (1, 2, 3),
+                 _kill_publisher, _expect_failover),
         Scenario("kill-publisher-after-commit", ("before-stamp",), (1, 2, 3), _kill_publisher,
                  _expect_failover),
         Scenario("zombie-publisher", ("frozen",), (1, 2, 3), _zombie_publisher,

@@ -15,6 +15,8 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from actors.cluster.node_info import node_and_host
+
 __all__ = ["NodeInfo", "actor_node", "live_nodes", "probe_node", "this_node"]
 
 logger = logging.getLogger(__name__)
@@ -47,15 +49,15 @@ def live_nodes() -> list[NodeInfo]:
 
 def this_node() -> NodeInfo:
     """The node of the calling process (the driver's, in the control plane)."""
-    node_id = ray.get_runtime_context().get_node_id()
+    node_id, host = node_and_host()
     for node in live_nodes():
         if node.node_id == node_id:
             return node
-    return NodeInfo(node_id, ray.util.get_node_ip_address())
+    return NodeInfo(node_id, host)
 
 
 def _where(actor_self: Any) -> tuple[str, str]:
-    return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+    return node_and_host()
 
 
 def actor_node(actor: Any, timeout_s: float) -> NodeInfo:
@@ -71,7 +73,7 @@ def actor_node(actor: Any, timeout_s: float) -> NodeInfo:
 
 @ray.remote(num_cpus=0, max_retries=0)
 def _node_id() -> str:
-    return ray.get_runtime_context().get_node_id()
+    return node_and_host()[0]
 
 
 def probe_node(node_id: str, timeout_s: float) -> bool:

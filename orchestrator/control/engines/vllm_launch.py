@@ -13,6 +13,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from actors.transport import Transport
 from orchestrator.config import RunConfig
 from orchestrator.control.cluster import devices
 from orchestrator.control.errors import StartupError
@@ -67,7 +68,7 @@ def llama_policy(config: RunConfig):
 
     if config.model is None:
         raise StartupError("no model directory: resolve_model() must run before actors start")
-    rank = config.lora_rank if config.transport == "lora" else 0
+    rank = config.lora_rank if config.transport == Transport.LORA else 0
     return HFPolicyConfig(model_dir=config.model, lora_rank=rank, lora_alpha=config.lora_alpha)
 
 
@@ -106,7 +107,7 @@ def create_llama_cell(config: RunConfig, cell_id: str, num_cpus: float, objectiv
     return ray.remote(**options)(LlamaTrainCell).remote(
         cell_id, config.backend, llama_policy(config), seed=config.seed,
         transport=config.transport,
-        learning_rate=config.lora_lr if config.transport == "lora" else config.lr,
+        learning_rate=config.lora_lr if config.transport == Transport.LORA else config.lr,
         grpo=objective,
         collective_timeout_s=config.heartbeat_timeout_s,
         ledger_url=config.db, run_id=config.run_id, **devices.cell_device_options(config),

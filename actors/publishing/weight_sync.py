@@ -1,14 +1,19 @@
-"""Moving weights from the publisher cell to the rollout engines, and stamping them.
+"""The engine side of a weight update: what the publisher cell asks of every rollout engine.
 
-Two transports:
+The steps are numbered as in the one sequence, :func:`actors.publishing.sequence.update_weights`
+(and :mod:`actors.train_cell`); the ledger steps (1, 5, 7) are not here:
 
-- ``full``: every tensor of the policy. One ``ray.put`` of the whole dict is shared by every
-  engine (each engine reads the same object from the object store).
-- ``lora``: only the LoRA adapter tensors (``...lora_a`` / ``...lora_b``); the engines' frozen
-  base is never touched.
+2. :func:`request_engine_pause` / :func:`await_engine_pause`: every engine adopts epoch ``e``
+   and pauses (sent before step 3, awaited after it).
+3. :func:`stage_weights`: checksum the tensors and, for actor engines, put them in the object
+   store once (or share them by CUDA IPC, :func:`actors.weight_paths.select_weight_path`).
+4. :func:`send_staged_weights` / :func:`await_loaded`: every engine loads them; every engine's
+   checksum of what it received must equal the sender's.
+6. :func:`finalize_and_resume_engines`: stamp every engine with the committed version, then
+   resume it.
 
-The path the tensors take (object store, or CUDA IPC between actors sharing a GPU) is chosen
-by :func:`actors.weight_paths.select_weight_path` and changes nothing else.
+Two transports (:class:`actors.transport.Transport`): ``full`` moves every tensor of the
+policy, ``lora`` only the LoRA adapter tensors; the engines' frozen base is never touched.
 
 Whatever the transport, an update ends in the ONE :func:`finalize_and_resume_engines`, which
 stamps every engine with the committed version and then resumes it. There is deliberately no
@@ -17,14 +22,14 @@ PR #2244) would leave engines serving new adapters under an old label.
 
 ``engines`` may be Ray actor handles (calls go out in parallel) or plain
 :class:`~actors.engines.rollout_engine.RolloutEngine` objects (called in order; used by in-process
-tests and tools).
+tests and tools). Each call names the engine method it makes (no dispatch by name).
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +41,7 @@ from torch import nn
 
 from actors.errors import StaleEpochError, TransferError
 from actors.policies.policy import adapter_state_dict, tensor_state_dict
+from actors.transport import TRANSPORTS, Transport
 from actors.weight_paths import CUDA_IPC, OBJECT_STORE, share_cuda_tensors
 
 __all__ = [
@@ -44,17 +50,17 @@ __all__ = [
     "PendingCalls",
     "StagedWeights",
     "await_engine_pause",
+    "await_loaded",
     "begin_engine_update",
     "collect_weights",
     "finalize_and_resume_engines",
     "load_staged_weights",
     "request_engine_pause",
+    "send_staged_weights",
     "stage_weights",
     "tensors_checksum",
     "transfer_weights",
 ]
-
-TRANSPORTS: tuple[str, ...] = ("full", "lora")
 
 
 def tensors_checksum(tensors: dict[str, torch.Tensor]) -> str:
@@ -74,12 +80,10 @@ def collect_weights(model: nn.Module, transport: str) -> dict[str, torch.Tensor]
         ValueError: unknown transport.
         PolicyError: ``lora`` on a model without adapters.
     """
-    if transport == "full":
+    if Transport.parse(transport) is Transport.FULL:
         tensors = tensor_state_dict(model)
-    elif transport == "lora":
-        tensors = adapter_state_dict(model)
     else:
-        raise ValueError(f"unknown transport {transport!r}; expected one of {TRANSPORTS}")
+        tensors = adapter_state_dict(model)
     return {name: tensor.clone() for name, tensor in tensors.items()}
 
 
@@ -95,24 +99,23 @@ def _unwrap(exc: BaseException) -> BaseException:
 PendingCalls = list[tuple[bool, Any]]
 """Calls sent to engines: ``(is_object_ref, ref_or_result)`` per engine."""
 
+EngineMethod = Callable[[Any], Any]
+"""Picks the engine method a call makes, e.g. ``lambda engine: engine.load_weights``."""
 
-def _send_all(engines: Sequence[Any], method: str, *args: Any) -> PendingCalls:
-    """Send ``method`` to every engine (actors: without waiting; plain objects: called)."""
+
+def _send_all(engines: Sequence[Any], method: EngineMethod, *args: Any) -> PendingCalls:
+    """Call ``method(engine)`` on every engine with ``args`` (actors: sent, not awaited; plain
+    objects: called now)."""
     pending: PendingCalls = []
     for engine in engines:
         if isinstance(engine, ActorHandle):
-            pending.append((True, getattr(engine, method).remote(*args)))
+            pending.append((True, method(engine).remote(*args)))
             continue
         try:
-            pending.append((False, getattr(engine, method)(*args)))
+            pending.append((False, method(engine)(*args)))
         except Exception as exc:  # noqa: BLE001 - reported per engine to the caller
             pending.append((False, exc))
     return pending
-
-
-def _call_all(engines: Sequence[Any], method: str, *args: Any) -> list[Any]:
-    """Call ``method`` on every engine; the result or the (unwrapped) exception per engine."""
-    return _gather(_send_all(engines, method, *args))
 
 
 def _gather(pending: PendingCalls) -> list[Any]:
@@ -129,6 +132,11 @@ def _gather(pending: PendingCalls) -> list[Any]:
     return results
 
 
+def _call_all(engines: Sequence[Any], method: EngineMethod, *args: Any) -> list[Any]:
+    """:func:`_send_all`, then :func:`_gather`."""
+    return _gather(_send_all(engines, method, *args))
+
+
 def _raise_first(results: Sequence[Any]) -> None:
     """Raise a StaleEpochError if any (the caller is fenced), else the first other error."""
     errors = [r for r in results if isinstance(r, BaseException)]
@@ -139,37 +147,45 @@ def _raise_first(results: Sequence[Any]) -> None:
         raise errors[0]
 
 
-def begin_engine_update(engines: Sequence[Any], epoch: int) -> list[dict[str, Any]]:
-    """Step 2: every engine adopts ``epoch`` and pauses. Returns their health.
+# ------------------------------------------------------------------------------ step 2: pause
+
+
+def request_engine_pause(engines: Sequence[Any], epoch: int) -> PendingCalls:
+    """Step 2, sent: every engine adopts ``epoch`` and pauses; does not wait. Engines finish
+    their decode step in progress meanwhile (step 3, :func:`stage_weights`, runs then).
 
     What happens to generation in flight is each engine's pause mode
     (:mod:`actors.engines.engine_protocol`): ``abort`` returns it ABORTED, ``in_place`` (partial
     rollout) parks it at a token boundary to continue under the new weights after
-    :func:`finalize_and_resume_engines`. Either way no engine computes when this returns.
+    :func:`finalize_and_resume_engines`.
+    """
+    return _send_all(engines, lambda engine: engine.begin_update, epoch)
+
+
+def await_engine_pause(pending: PendingCalls) -> list[dict[str, Any]]:
+    """Step 2, awaited: wait until every engine has paused (no engine computes when this
+    returns); their health.
 
     Raises:
         StaleEpochError: an engine has seen a newer epoch (the caller is a zombie publisher);
             engines that accepted stay paused until the newer publisher resumes them.
         ray.exceptions.RayActorError: an engine died.
     """
-    return await_engine_pause(request_engine_pause(engines, epoch))
-
-
-def request_engine_pause(engines: Sequence[Any], epoch: int) -> PendingCalls:
-    """The first half of :func:`begin_engine_update`: send the pause, do not wait. Engines
-    finish their decode step in progress meanwhile (:func:`stage_weights` can run then)."""
-    return _send_all(engines, "begin_update", epoch)
-
-
-def await_engine_pause(pending: PendingCalls) -> list[dict[str, Any]]:
-    """The second half of :func:`begin_engine_update`: wait until every engine has paused.
-
-    Raises:
-        StaleEpochError, ray.exceptions.RayActorError: as :func:`begin_engine_update`.
-    """
     results = _gather(pending)
     _raise_first(results)
     return results
+
+
+def begin_engine_update(engines: Sequence[Any], epoch: int) -> list[dict[str, Any]]:
+    """Step 2 whole: :func:`request_engine_pause`, then :func:`await_engine_pause`.
+
+    Raises:
+        As :func:`await_engine_pause`.
+    """
+    return await_engine_pause(request_engine_pause(engines, epoch))
+
+
+# ------------------------------------------------------------------------------ step 3: stage
 
 
 @dataclass(frozen=True)
@@ -186,9 +202,9 @@ class StagedWeights:
 
 def stage_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor],
                   path: str = OBJECT_STORE) -> StagedWeights:
-    """Checksum ``tensors`` and, for actor engines, put them in the object store once (as CPU
-    tensors: an engine without a GPU must read them) or, on the ``cuda_ipc`` path, share
-    them by CUDA IPC handle.
+    """Step 3: checksum ``tensors`` and, for actor engines, put them in the object store once
+    (as CPU tensors: an engine without a GPU must read them) or, on the ``cuda_ipc`` path,
+    share them by CUDA IPC handle.
 
     Raises:
         ValueError: ``cuda_ipc`` with tensors that are not on CUDA.
@@ -204,13 +220,19 @@ def stage_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor],
     return StagedWeights(checksum, payload)
 
 
-def transfer_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor], epoch: int,
-                     transport: str) -> str:
-    """Step 3: load ``tensors`` into every (paused) engine; returns their checksum.
+# ------------------------------------------------------------------------------ step 4: load
 
-    With actor handles, the tensors are put in the object store once and every engine reads
-    that one object. Each engine returns the checksum of what it received; they must all equal
-    the sender's.
+
+def send_staged_weights(engines: Sequence[Any], staged: StagedWeights, epoch: int,
+                        transport: str) -> PendingCalls:
+    """Step 4, sent: every (paused) engine loads ``staged``; does not wait. The version label
+    does not change."""
+    return _send_all(engines, lambda engine: engine.load_weights, staged.payload, epoch,
+                     str(Transport.parse(transport)))
+
+
+def await_loaded(pending: PendingCalls, staged: StagedWeights) -> str:
+    """Step 4, awaited: every engine loaded; returns the checksum they all received.
 
     Raises:
         StaleEpochError: an engine has seen a newer epoch.
@@ -219,22 +241,36 @@ def transfer_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor], e
             its model (nothing loaded in that engine).
         ray.exceptions.RayActorError: an engine died.
     """
-    return load_staged_weights(engines, stage_weights(engines, tensors), epoch, transport)
-
-
-def load_staged_weights(engines: Sequence[Any], staged: StagedWeights, epoch: int,
-                        transport: str) -> str:
-    """:func:`transfer_weights` of weights already staged; returns their checksum.
-
-    Raises:
-        As :func:`transfer_weights`.
-    """
-    results = _call_all(engines, "load_weights", staged.payload, epoch, transport)
+    results = _gather(pending)
     _raise_first(results)
     mismatched = [i for i, received in enumerate(results) if received != staged.checksum]
     if mismatched:
         raise TransferError(f"engines {mismatched} received weights with another checksum")
     return staged.checksum
+
+
+def load_staged_weights(engines: Sequence[Any], staged: StagedWeights, epoch: int,
+                        transport: str) -> str:
+    """Step 4 whole: :func:`send_staged_weights`, then :func:`await_loaded`.
+
+    Raises:
+        As :func:`await_loaded`.
+    """
+    return await_loaded(send_staged_weights(engines, staged, epoch, transport), staged)
+
+
+def transfer_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor], epoch: int,
+                     transport: str) -> str:
+    """Steps 3 and 4 for tools that hold tensors but no cell: stage, then load; returns the
+    checksum.
+
+    Raises:
+        As :func:`await_loaded`.
+    """
+    return load_staged_weights(engines, stage_weights(engines, tensors), epoch, transport)
+
+
+# ------------------------------------------------------------------------------ step 6: finalize
 
 
 @dataclass
@@ -251,7 +287,7 @@ class FinalizeReport:
 
 def finalize_and_resume_engines(engines: Sequence[Any], version: int,
                                 epoch: int) -> FinalizeReport:
-    """Step 5, for every transport: stamp every engine with ``version``, then resume it.
+    """Step 6, for every transport: stamp every engine with ``version``, then resume it.
 
     Precondition: ``version`` was committed by the ledger for the caller's cell at ``epoch``,
     and the engines hold the weights of that commit. Every engine is attempted: one dead
@@ -263,7 +299,7 @@ def finalize_and_resume_engines(engines: Sequence[Any], version: int,
             were stamped are still resumed by the newer publisher, not here).
     """
     started = time.perf_counter()
-    results = _call_all(engines, "update_weight_version", version, epoch)
+    results = _call_all(engines, lambda engine: engine.update_weight_version, version, epoch)
     for result in results:
         if isinstance(result, StaleEpochError):
             raise result
@@ -276,7 +312,8 @@ def finalize_and_resume_engines(engines: Sequence[Any], version: int,
             report.stamped_engine_ids.append(str(result))
             stamped.append(index)
     started = time.perf_counter()
-    resumed = _call_all([engines[i] for i in stamped], "continue_generation", epoch)
+    resumed = _call_all([engines[i] for i in stamped],
+                        lambda engine: engine.continue_generation, epoch)
     report.resume_s = time.perf_counter() - started
     for index, result in zip(stamped, resumed):
         if isinstance(result, StaleEpochError):

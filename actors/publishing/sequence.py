@@ -1,0 +1,220 @@
+"""THE weight-update sequence (DESIGN section 5): one function, used by production
+(``TrainCell.update_weights``, which the control plane's publisher calls), drills, tests and
+benchmarks alike.
+
+:func:`update_weights` runs, for the publisher cell at epoch ``e``:
+
+1. record ``weight_update_started`` (fenced by the ledger);
+2. pause every engine at ``e`` (engines refuse a lower epoch); sent now, awaited after step 3,
+   so engines finish their decode step in progress while the cell stages;
+3. stage the weights: copy, checksum, one object-store copy or CUDA IPC handles;
+4. load them into every engine (full parameters, or only LoRA adapter tensors), every
+   engine's checksum of what it received checked; no label changes;
+5. commit: ``v = commit_weights(...)`` (fenced, idempotent per cell/epoch/step/checksum);
+6. finalize: the one ``finalize_and_resume_engines(v, e)`` stamps every engine with ``v``,
+   then resumes it;
+7. record ``engines_stamped`` and return an :class:`UpdateReport` carrying the committed head
+   ``(v, e)``; pushing ``v`` to the rollout manager is the control plane's next move.
+
+A death before step 5 leaves engines paused with unlabelled weights and no new version; the
+next publisher transfers again. A death after it leaves a committed but unstamped version,
+which the audit reports; the next commit is still head + 1. A failure in steps 2-4 records
+``weight_update_aborted`` (best effort) before it is raised.
+
+Fault points are named hooks inside the sequence (:class:`UpdatePoint`): the sequence calls
+``at_point(point)`` after each step, so a drill that arms a fault on the cell
+(:class:`UpdateFaults`, ``TrainCell.arm_update_fault``) and then lets the normal publish run
+stops or fails the production path exactly there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from actors.errors import InjectedFault
+from actors.publishing.records import PublisherRecords
+from actors.transport import Transport
+from actors.publishing.weight_sync import (
+    StagedWeights,
+    await_engine_pause,
+    await_loaded,
+    finalize_and_resume_engines,
+    request_engine_pause,
+    send_staged_weights,
+)
+from ledger import FencedError, Head
+
+__all__ = ["FaultAction", "UpdateFaults", "UpdatePoint", "UpdateReport", "update_weights"]
+
+logger = logging.getLogger(__name__)
+
+
+class UpdatePoint(StrEnum):
+    """The named points of the sequence, in the order it passes them (after the step named)."""
+
+    AFTER_STARTED = "after-started"  # 1 recorded; the pause is being sent
+    AFTER_STAGE = "after-stage"  # 3 staged; engines may still be draining their step
+    AFTER_PAUSE = "after-pause"  # 2 awaited: no engine computes
+    MID_TRANSFER = "mid-transfer"  # 4 sent to every engine, not yet acknowledged
+    AFTER_TRANSFER = "after-transfer"  # 4 every engine loaded; nothing committed
+    AFTER_COMMIT = "after-commit"  # 5 committed; no engine stamped
+    AFTER_FINALIZE = "after-finalize"  # 6 engines stamped and resumed; 7 not recorded
+
+
+class FaultAction(StrEnum):
+    """What an armed point does when the sequence reaches it."""
+
+    STOP = "stop"  # SIGSTOP this process: frozen there, for the caller to SIGKILL or SIGCONT
+    RAISE = "raise"  # raise InjectedFault: the update fails at that point
+
+
+class UpdateFaults:
+    """The points armed on one cell, each firing once (then disarmed). Callable as the
+    sequence's ``at_point``.
+
+    Precondition for ``stop``: the cell runs in its own process (a Ray actor); in-process
+    callers arm ``raise``.
+    """
+
+    def __init__(self) -> None:
+        self._armed: dict[UpdatePoint, FaultAction] = {}
+        self.fired: list[UpdatePoint] = []
+
+    def arm(self, point: UpdatePoint | str, action: FaultAction | str = FaultAction.STOP) -> None:
+        """Arm ``point`` with ``action`` for the next update that reaches it.
+
+        Raises:
+            ValueError: unknown point or action.
+        """
+        self._armed[UpdatePoint(point)] = FaultAction(action)
+
+    def armed(self) -> dict[str, str]:
+        """The points still armed and their actions."""
+        return {str(point): str(action) for point, action in self._armed.items()}
+
+    def __call__(self, point: UpdatePoint) -> None:
+        action = self._armed.pop(point, None)
+        if action is None:
+            return
+        self.fired.append(point)
+        if action is FaultAction.STOP:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        else:
+            raise InjectedFault(f"fault injected at {point}")
+
+
+def _no_fault(point: UpdatePoint) -> None:
+    """The production ``at_point``: nothing armed."""
+
+
+@dataclass
+class UpdateReport:
+    """What one update did: the committed head, which engines were stamped and resumed, which
+    failed (engine index -> error), and each step's wall seconds (``step_seconds``: started,
+    stage, pause (the wait after staging), load, commit, stamp, resume, stamped).
+
+    ``committed`` is the head the commit made: ``version`` v, ``epoch`` e, this cell, and the
+    seq and hash of the ``weight_committed`` event (a witness the ledger must still hold).
+    """
+
+    committed: Head
+    checksum: str
+    stamped_engine_ids: list[str] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+    step_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def version(self) -> int:
+        """The committed version."""
+        return self.committed.version
+
+    @property
+    def epoch(self) -> int:
+        """The publisher's epoch the version was committed under."""
+        return self.committed.epoch
+
+    @property
+    def stamp_s(self) -> float:
+        return self.step_seconds.get("stamp", 0.0)
+
+    @property
+    def resume_s(self) -> float:
+        return self.step_seconds.get("resume", 0.0)
+
+
+class _Clock:
+    """Wall seconds per step name."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, step: str) -> None:
+        now = time.perf_counter()
+        self.seconds[step] = now - self._last
+        self._last = now
+
+
+def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int, *,
+                   train_step: int, transport: Transport, adapter: str | None,
+                   stage: Callable[[Sequence[Any]], StagedWeights],
+                   engine_nodes: Callable[[Sequence[Any]], dict[str, dict[str, str]]],
+                   at_point: Callable[[UpdatePoint], None] = _no_fault) -> UpdateReport:
+    """Publish the cell's weights to ``engines`` as the next version (steps 1-7 above).
+
+    Precondition: the cell of ``records`` is the publisher at ``epoch``. ``stage`` makes step
+    3's :class:`StagedWeights` (the cell picks the path), ``engine_nodes`` names the nodes of
+    the stamped engines for step 7. Retrying the whole call is safe: every event is
+    idempotent, pausing twice is harmless, loading again overwrites with the same tensors.
+
+    Raises:
+        ledger.FencedError: the cell was superseded; nothing more is written.
+        StaleEpochError: an engine has seen a newer epoch.
+        TransferError, EngineStateError, PolicyError: the load failed; nothing committed.
+        InjectedFault: a ``raise`` fault armed at a point.
+    """
+    clock = _Clock()
+    try:
+        records.update_started(epoch, train_step, transport)  # 1
+        clock.lap("started")
+        pausing = request_engine_pause(engines, epoch)  # 2 (sent)
+        at_point(UpdatePoint.AFTER_STARTED)
+        staged = stage(engines)  # 3
+        clock.lap("stage")
+        at_point(UpdatePoint.AFTER_STAGE)
+        await_engine_pause(pausing)  # 2 (awaited)
+        clock.lap("pause")
+        at_point(UpdatePoint.AFTER_PAUSE)
+        loading = send_staged_weights(engines, staged, epoch, transport)  # 4 (sent)
+        at_point(UpdatePoint.MID_TRANSFER)
+        checksum = await_loaded(loading, staged)  # 4 (awaited)
+        clock.lap("load")
+        at_point(UpdatePoint.AFTER_TRANSFER)
+    except FencedError:
+        raise  # superseded: there is nothing this cell may record
+    except Exception as exc:
+        records.update_aborted(epoch, train_step, transport, f"{type(exc).__name__}: {exc}")
+        raise
+    committed = records.commit(epoch, train_step, transport, adapter, checksum)  # 5
+    clock.lap("commit")
+    at_point(UpdatePoint.AFTER_COMMIT)
+    finalized = finalize_and_resume_engines(engines, committed.version, epoch)  # 6
+    clock.seconds.update(stamp=finalized.stamp_s, resume=finalized.resume_s)
+    clock.lap("finalize")
+    if finalized.failed:
+        logger.warning("cell %s: engines not stamped with v%d: %s", records.cell_id,
+                       committed.version, finalized.failed)
+    at_point(UpdatePoint.AFTER_FINALIZE)
+    records.engines_stamped(committed.version, epoch, finalized.stamped_engine_ids,
+                            engine_nodes(engines))  # 7
+    clock.lap("stamped")
+    del clock.seconds["finalize"]  # stamp + resume, already counted
+    return UpdateReport(committed, checksum, finalized.stamped_engine_ids, finalized.failed,
+                        clock.seconds)
