@@ -4,9 +4,10 @@ A weight update (DESIGN section 5) walks, with direct method calls:
 
 1. :meth:`Publisher.publish_weights` (here): the supervisor names the publisher cell and its
    epoch (cached; no ledger read unless a promotion or a fence happened).
-2. ``TrainCell.update_weights`` (actors/train_cell.py), the one sequence:
+2. ``TrainCell.update_weights`` (actors/train_cell.py), which runs the one sequence
+   (actors/publishing/sequence.py):
    ``weight_update_started`` (ledger write 1), pause engines, transfer (full or LoRA, in
-   actors/weight_sync.py), ``commit_weights`` (ledger write 2), the one
+   actors/publishing/weight_sync.py), ``commit_weights`` (ledger write 2), the one
    ``finalize_and_resume_engines(v, e)``, ``engines_stamped`` (ledger write 3).
 3. Back here: restarted engines are handed to the rollout manager (they now hold ``v``) and
    ``v`` is pushed to the manager.

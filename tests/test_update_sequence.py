@@ -1,0 +1,122 @@
+"""THE weight-update sequence (actors/publishing/sequence.py): its steps in order, its named
+fault points, and what a failure at each point leaves behind.
+
+In-process parts: a real TrainCell and a real RolloutEngine (plain objects, no Ray), a real
+file-backed SQLite ledger. Fault schedule (declared up front; each test checks it fired):
+- ``raise at UpdatePoint.AFTER_STAGE``: the update fails before anything is loaded
+- ``raise at UpdatePoint.AFTER_COMMIT``: committed, never stamped
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.engines.rollout_engine import RolloutEngine
+from actors.errors import InjectedFault
+from actors.policies.policy import PolicyConfig
+from actors.publishing.sequence import FaultAction, UpdateFaults, UpdatePoint
+from actors.task import TOKENIZER, AdditionTask
+from actors.train_cell import TrainCell
+from ledger import EventKind, Ledger
+
+TASK = AdditionTask(seed=0)
+CONFIG = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
+RUN = "sequence"
+
+
+@pytest.fixture
+def publishing(sqlite_url: str):
+    """A cell that trained one step (new weights), an idle engine, cell-0 promoted."""
+    ledger = Ledger.open(sqlite_url)
+    ledger.start_run(RUN)
+    epoch = ledger.promote(RUN, "cell-0", reason="start")
+    engine = RolloutEngine("engine-0", "torch", CONFIG, 0, TASK)
+    cell = TrainCell("cell-0", "torch", CONFIG, 0, ledger_url=sqlite_url, run_id=RUN)
+    cell.train_step([engine.generate(TASK.make_prompt(i), 4, i) for i in range(4)])
+    yield ledger, epoch, cell, engine
+    cell.close()
+    ledger.close()
+
+
+class _Recorder(UpdateFaults):
+    """Records every point the sequence passes (and still fires what is armed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.passed: list[UpdatePoint] = []
+
+    def __call__(self, point: UpdatePoint) -> None:
+        self.passed.append(point)
+        super().__call__(point)
+
+
+def _kinds(ledger: Ledger) -> list[str]:
+    return [event.kind for event in ledger.events(RUN)]
+
+
+def test_the_sequence_passes_every_point_in_order_and_reports_the_committed_head(
+        publishing) -> None:
+    ledger, epoch, cell, engine = publishing
+    recorder = _Recorder()
+    cell._faults = recorder
+
+    report = cell.update_weights([engine], epoch)
+
+    commit = next(e for e in ledger.events(RUN) if e.kind == EventKind.WEIGHT_COMMITTED)
+    assert recorder.passed == list(UpdatePoint)
+    assert (report.committed.version, report.committed.epoch) == (1, epoch)
+    assert (report.committed.seq, report.committed.hash) == (commit.seq, commit.hash)
+    assert report.committed.publisher_cell == "cell-0"
+    assert _kinds(ledger)[-3:] == [EventKind.WEIGHT_UPDATE_STARTED, EventKind.WEIGHT_COMMITTED,
+                                   EventKind.ENGINES_STAMPED]
+    assert engine.health()["version"] == 1 and not engine.health()["paused"]
+    assert engine.weights_checksum() == cell.weights_checksum() == report.checksum
+    assert set(report.step_seconds) == {"started", "stage", "pause", "load", "commit",
+                                        "stamp", "resume", "stamped"}
+
+
+def test_a_failure_before_the_load_records_an_abort_and_commits_nothing(publishing) -> None:
+    ledger, epoch, cell, engine = publishing
+    initial = engine.weights_checksum()
+    cell.arm_update_fault(UpdatePoint.AFTER_STAGE, FaultAction.RAISE)
+
+    with pytest.raises(InjectedFault):
+        cell.update_weights([engine], epoch)
+
+    assert cell._faults.fired == [UpdatePoint.AFTER_STAGE]
+    assert ledger.head(RUN).version == 0
+    assert EventKind.WEIGHT_UPDATE_ABORTED in _kinds(ledger)
+    assert EventKind.WEIGHT_COMMITTED not in _kinds(ledger)
+    assert engine.weights_checksum() == initial  # nothing loaded
+    assert cell.update_weights([engine], epoch).version == 1  # the retry publishes
+    assert ledger.verify(RUN).ok
+
+
+def test_a_failure_after_the_commit_leaves_an_unstamped_version_and_the_next_is_head_plus_one(
+        publishing) -> None:
+    ledger, epoch, cell, engine = publishing
+    cell.arm_update_fault(UpdatePoint.AFTER_COMMIT, FaultAction.RAISE)
+
+    with pytest.raises(InjectedFault):
+        cell.update_weights([engine], epoch)
+
+    assert cell._faults.fired == [UpdatePoint.AFTER_COMMIT]
+    assert ledger.head(RUN).version == 1
+    assert engine.health()["version"] == 0 and engine.health()["paused"]
+    assert ledger.verify(RUN).unstamped_versions == [1]
+    cell.train_step_count += 1  # the next step's update (new idempotency keys)
+    assert cell.update_weights([engine], epoch).version == 2
+    assert engine.health()["version"] == 2
+
+
+def test_an_armed_point_fires_once_and_unknown_points_are_refused() -> None:
+    faults = UpdateFaults()
+    faults.arm("after-commit", "raise")
+
+    with pytest.raises(InjectedFault):
+        faults(UpdatePoint.AFTER_COMMIT)
+    faults(UpdatePoint.AFTER_COMMIT)  # disarmed: nothing happens
+
+    assert faults.fired == [UpdatePoint.AFTER_COMMIT] and faults.armed() == {}
+    with pytest.raises(ValueError):
+        faults.arm("after-lunch")
