@@ -103,8 +103,8 @@ class VLLMServing:
                 for track in tracks:
                     self.tracks[track.request_id] = track
                     self.llm.add_request(track.request_id,
-                                          TokensPrompt(prompt_token_ids=list(prompt.tokens)),
-                                          params)
+                                         TokensPrompt(prompt_token_ids=list(prompt.tokens)),
+                                         params)
                 self.state.lock.notify_all()  # wake the stepping thread
                 return tracks
 

@@ -3,7 +3,8 @@
 The file holds the prompt source's next index and the data buffer's
 :meth:`~orchestrator.rollout.data_buffer.DataBuffer.state_dict`, tagged with the run id and a
 format number. The weight version is deliberately absent: a restored manager takes it from the
-ledger. Writes are atomic (temporary file, fsync, rename), so a crash mid-save leaves the older
+ledger. Writes are atomic and durable (:func:`ledger.store.atomic_files.write_text_atomically`:
+temporary file, fsync, rename, fsync of the directory), so a crash mid-save leaves the older
 file in place.
 """
 
@@ -11,10 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from ledger.store.atomic_files import write_text_atomically
 from orchestrator.rollout.data_buffer import DataBuffer
 from orchestrator.rollout.data_source import PromptSource
 
@@ -43,18 +44,7 @@ def save_state(
 
 
 def _write_atomically(target: Path, state: dict[str, Any]) -> str:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return str(target)
+    return str(write_text_atomically(target, json.dumps(state)))
 
 
 def write_state(path: str | os.PathLike[str], run_id: str, *, next_index: int,
