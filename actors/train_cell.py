@@ -12,15 +12,16 @@ leave it on the CPU, its weights by the object store or CUDA IPC (:mod:`actors.w
 
 One cell is the publisher (the newest ``cell_promoted`` in the ledger). Its weight update is
 :meth:`TrainCell.update_weights`, which runs THE sequence,
-:func:`actors.publishing.sequence.update_weights` (DESIGN section 5), with this cell's weights:
+:func:`actors.publishing.sequence.update_weights`, with this cell's weights, in the steps of
+docs/DESIGN.md section 5:
 
 1. record ``weight_update_started`` (fenced);
-2. pause every engine at epoch e (sent now, awaited after step 3);
-3. stage the weights (copy, checksum, object store or CUDA IPC);
-4. load them into every engine (full parameters or LoRA adapters; no label change);
-5. commit: ``v = commit_weights(...)`` (fenced, idempotent per cell/epoch/step/checksum);
-6. finalize: the one ``finalize_and_resume_engines(v, e)`` stamps, then resumes, every engine;
-7. record ``engines_stamped``; the report carries the committed head (v, e).
+2. pause every engine at epoch e (sent now, awaited after 3a);
+3. stage and transfer: (3a) stage the weights (copy, checksum, object store or CUDA IPC),
+   (3b) load them into every engine (full parameters or LoRA adapters; no label change);
+4. commit: ``v = commit_weights(...)`` (fenced, idempotent per cell/epoch/step/checksum);
+5. finalize: the one ``finalize_and_resume_engines(v, e)`` stamps, then resumes, every engine;
+6. record ``engines_stamped``; the report carries the committed head (v, e).
 
 The ledger writes are :class:`actors.publishing.records.PublisherRecords`'; the engine calls
 :mod:`actors.publishing.weight_sync`'s. A drill or test stops the sequence at a named point
@@ -31,7 +32,7 @@ The cell is bound to its run and ledger when it is created (``ledger_url``, ``ru
 publishing call threads them through. Pushing ``v`` to the RolloutManager is the control plane's
 job (``orchestrator.control.publisher``), right after this sequence returns.
 
-A death before step 5 leaves the engines paused with unlabelled weights and the ledger without
+A death before step 4 leaves the engines paused with unlabelled weights and the ledger without
 that version; the next publisher transfers again. A death after it leaves a committed but
 unstamped version, which the audit reports; the next commit is still head + 1.
 """
@@ -201,7 +202,7 @@ class TrainCell:
         return collect_weights(self.model, self.transport)
 
     def stage(self, engines: Sequence[Any]) -> StagedWeights:
-        """Step 3 of the update sequence: this cell's outgoing weights staged for ``engines``
+        """Step 3a of the update sequence: this cell's outgoing weights staged for ``engines``
         (object store, or CUDA IPC when the cell and every engine share one GPU)."""
         path = OBJECT_STORE  # a CPU cell never asks engines where they run
         if self.device.type == "cuda":
@@ -223,7 +224,7 @@ class TrainCell:
 
     def update_weights(self, engines: Sequence[Any], epoch: int) -> UpdateReport:
         """Publish this cell's weights as the next version: THE sequence
-        (:func:`actors.publishing.sequence.update_weights`, steps 1-7 in the module docstring).
+        (:func:`actors.publishing.sequence.update_weights`, steps 1-6 in the module docstring).
 
         Precondition: this cell is the publisher at ``epoch``. Returns the report: the
         committed head (version, epoch), the stamped engines, the engines that failed. If

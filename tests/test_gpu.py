@@ -95,7 +95,7 @@ def _path_and_log_probs(cell: TrainCell, engines: list, groups: list) -> tuple[s
 
 
 def _transfer(cell, engines, epoch: int) -> str:
-    """Inside the cell: steps 3-4 of the update sequence (stage on the cell's chosen path,
+    """Inside the cell: step 3 of the update sequence (stage on the cell's chosen path,
     load); a cell without a ledger cannot run the whole sequence."""
     return load_staged_weights(engines, cell.stage(engines), epoch, cell.transport)
 

@@ -289,7 +289,7 @@ class RolloutEngine:
     @ray.method(concurrency_group=CONTROL)
     def load_weights(self, tensors: dict[str, torch.Tensor], epoch: int,
                      transport: str = "full") -> str:
-        """Step 4: copy the transferred tensors in place; returns their checksum as received.
+        """Step 3 (3b): copy the transferred tensors in place; returns their checksum as received.
 
         ``full`` needs every tensor of the model, ``lora`` exactly its adapter tensors. The
         version label does not change (that is the stamp's job, after the commit).
@@ -315,7 +315,7 @@ class RolloutEngine:
 
     @ray.method(concurrency_group=CONTROL)
     def update_weight_version(self, version: int, epoch: int) -> str:
-        """Step 6: stamp the loaded weights with the committed ``version``; returns the
+        """Step 5: stamp the loaded weights with the committed ``version``; returns the
         engine id (for the ``engines_stamped`` event). Does not resume.
 
         Raises:

@@ -83,7 +83,7 @@ class PublisherRecords:
 
     def commit(self, epoch: int, train_step: int, transport: Transport, adapter: str | None,
                checksum: str) -> Head:
-        """``weight_committed`` (step 5): returns the head the commit made (its version is
+        """``weight_committed`` (step 4): returns the head the commit made (its version is
         ledger head + 1, its seq and hash those of the commit event).
 
         Idempotent per (cell, epoch, train step, checksum): a retry returns the same head.
@@ -103,7 +103,7 @@ class PublisherRecords:
 
     def engines_stamped(self, version: int, epoch: int, engine_ids: list[str],
                         engine_nodes: dict[str, dict[str, str]]) -> None:
-        """``engines_stamped`` (step 7) for the engines that took the stamp, with the node of
+        """``engines_stamped`` (step 6) for the engines that took the stamp, with the node of
         the cell and of each engine.
 
         Raises:

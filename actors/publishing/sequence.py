@@ -1,24 +1,25 @@
-"""THE weight-update sequence (DESIGN section 5): one function, used by production
+"""THE weight-update sequence (docs/DESIGN.md section 5): one function, used by production
 (``TrainCell.update_weights``, which the control plane's publisher calls), drills, tests and
 benchmarks alike.
 
-:func:`update_weights` runs, for the publisher cell at epoch ``e``:
+:func:`update_weights` runs, for the publisher cell at epoch ``e``, the steps of docs/DESIGN.md
+section 5 with the same numbers:
 
 1. record ``weight_update_started`` (fenced by the ledger);
-2. pause every engine at ``e`` (engines refuse a lower epoch); sent now, awaited after step 3,
-   so engines finish their decode step in progress while the cell stages;
-3. stage the weights: copy, checksum, one object-store copy or CUDA IPC handles;
-4. load them into every engine (full parameters, or only LoRA adapter tensors), every
-   engine's checksum of what it received checked; no label changes;
-5. commit: ``v = commit_weights(...)`` (fenced, idempotent per cell/epoch/step/checksum);
-6. finalize: the one ``finalize_and_resume_engines(v, e)`` stamps every engine with ``v``,
+2. pause every engine at ``e`` (engines refuse a lower epoch); sent now, awaited after 3a, so
+   engines finish their decode step in progress while the cell stages;
+3. stage and transfer: (3a) stage the weights (copy, checksum, one object-store copy or CUDA
+   IPC handles); (3b) load them into every engine (full parameters, or only LoRA adapter
+   tensors), every engine's checksum of what it received checked; no label changes;
+4. commit: ``v = commit_weights(...)`` (fenced, idempotent per cell/epoch/step/checksum);
+5. finalize: the one ``finalize_and_resume_engines(v, e)`` stamps every engine with ``v``,
    then resumes it;
-7. record ``engines_stamped`` and return an :class:`UpdateReport` carrying the committed head
-   ``(v, e)``; pushing ``v`` to the rollout manager is the control plane's next move.
+6. record ``engines_stamped`` and return an :class:`UpdateReport` carrying the committed head
+   ``(v, e)``; pushing it to the rollout manager is the control plane's next move.
 
-A death before step 5 leaves engines paused with unlabelled weights and no new version; the
+A death before step 4 leaves engines paused with unlabelled weights and no new version; the
 next publisher transfers again. A death after it leaves a committed but unstamped version,
-which the audit reports; the next commit is still head + 1. A failure in steps 2-4 records
+which the audit reports; the next commit is still head + 1. A failure in steps 2-3 records
 ``weight_update_aborted`` (best effort) before it is raised.
 
 Fault points are named hooks inside the sequence (:class:`UpdatePoint`): the sequence calls
@@ -59,13 +60,13 @@ logger = logging.getLogger(__name__)
 class UpdatePoint(StrEnum):
     """The named points of the sequence, in the order it passes them (after the step named)."""
 
-    AFTER_STARTED = "after-started"  # 1 recorded; the pause is being sent
-    AFTER_STAGE = "after-stage"  # 3 staged; engines may still be draining their step
+    AFTER_STARTED = "after-started"  # 1 recorded; the pause (2) is being sent
+    AFTER_STAGE = "after-stage"  # 3a staged; engines may still be draining their step
     AFTER_PAUSE = "after-pause"  # 2 awaited: no engine computes
-    MID_TRANSFER = "mid-transfer"  # 4 sent to every engine, not yet acknowledged
-    AFTER_TRANSFER = "after-transfer"  # 4 every engine loaded; nothing committed
-    AFTER_COMMIT = "after-commit"  # 5 committed; no engine stamped
-    AFTER_FINALIZE = "after-finalize"  # 6 engines stamped and resumed; 7 not recorded
+    MID_TRANSFER = "mid-transfer"  # 3b sent to every engine, not yet acknowledged
+    AFTER_TRANSFER = "after-transfer"  # 3b every engine loaded; nothing committed
+    AFTER_COMMIT = "after-commit"  # 4 committed; no engine stamped
+    AFTER_FINALIZE = "after-finalize"  # 5 engines stamped and resumed; 6 not recorded
 
 
 class FaultAction(StrEnum):
@@ -167,11 +168,11 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
                    stage: Callable[[Sequence[Any]], StagedWeights],
                    engine_nodes: Callable[[Sequence[Any]], dict[str, dict[str, str]]],
                    at_point: Callable[[UpdatePoint], None] = _no_fault) -> UpdateReport:
-    """Publish the cell's weights to ``engines`` as the next version (steps 1-7 above).
+    """Publish the cell's weights to ``engines`` as the next version (steps 1-6 above).
 
     Precondition: the cell of ``records`` is the publisher at ``epoch``. ``stage`` makes step
-    3's :class:`StagedWeights` (the cell picks the path), ``engine_nodes`` names the nodes of
-    the stamped engines for step 7. Retrying the whole call is safe: every event is
+    3a's :class:`StagedWeights` (the cell picks the path), ``engine_nodes`` names the nodes of
+    the stamped engines for step 6. Retrying the whole call is safe: every event is
     idempotent, pausing twice is harmless, loading again overwrites with the same tensors.
 
     Raises:
@@ -186,15 +187,15 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
         clock.lap("started")
         pausing = request_engine_pause(engines, epoch)  # 2 (sent)
         at_point(UpdatePoint.AFTER_STARTED)
-        staged = stage(engines)  # 3
+        staged = stage(engines)  # 3a
         clock.lap("stage")
         at_point(UpdatePoint.AFTER_STAGE)
         await_engine_pause(pausing)  # 2 (awaited)
         clock.lap("pause")
         at_point(UpdatePoint.AFTER_PAUSE)
-        loading = send_staged_weights(engines, staged, epoch, transport)  # 4 (sent)
+        loading = send_staged_weights(engines, staged, epoch, transport)  # 3b (sent)
         at_point(UpdatePoint.MID_TRANSFER)
-        checksum = await_loaded(loading, staged)  # 4 (awaited)
+        checksum = await_loaded(loading, staged)  # 3b (awaited)
         clock.lap("load")
         at_point(UpdatePoint.AFTER_TRANSFER)
     except FencedError:
@@ -202,10 +203,10 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
     except Exception as exc:
         records.update_aborted(epoch, train_step, transport, f"{type(exc).__name__}: {exc}")
         raise
-    committed = records.commit(epoch, train_step, transport, adapter, checksum)  # 5
+    committed = records.commit(epoch, train_step, transport, adapter, checksum)  # 4
     clock.lap("commit")
     at_point(UpdatePoint.AFTER_COMMIT)
-    finalized = finalize_and_resume_engines(engines, committed.version, epoch)  # 6
+    finalized = finalize_and_resume_engines(engines, committed.version, epoch)  # 5
     clock.seconds.update(stamp=finalized.stamp_s, resume=finalized.resume_s)
     clock.lap("finalize")
     if finalized.failed:
@@ -213,7 +214,7 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
                        committed.version, finalized.failed)
     at_point(UpdatePoint.AFTER_FINALIZE)
     records.engines_stamped(committed.version, epoch, finalized.stamped_engine_ids,
-                            engine_nodes(engines))  # 7
+                            engine_nodes(engines))  # 6
     clock.lap("stamped")
     del clock.seconds["finalize"]  # stamp + resume, already counted
     return UpdateReport(committed, checksum, finalized.stamped_engine_ids, finalized.failed,

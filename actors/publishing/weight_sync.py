@@ -1,15 +1,16 @@
 """The engine side of a weight update: what the publisher cell asks of every rollout engine.
 
-The steps are numbered as in the one sequence, :func:`actors.publishing.sequence.update_weights`
-(and :mod:`actors.train_cell`); the ledger steps (1, 5, 7) are not here:
+The steps are numbered as in docs/DESIGN.md section 5 and the one sequence,
+:func:`actors.publishing.sequence.update_weights` (and :mod:`actors.train_cell`); the ledger
+steps (1, 4, 6) are not here:
 
 2. :func:`request_engine_pause` / :func:`await_engine_pause`: every engine adopts epoch ``e``
-   and pauses (sent before step 3, awaited after it).
-3. :func:`stage_weights`: checksum the tensors and, for actor engines, put them in the object
+   and pauses (sent before step 3a, awaited after it).
+3a. :func:`stage_weights`: checksum the tensors and, for actor engines, put them in the object
    store once (or share them by CUDA IPC, :func:`actors.weight_paths.select_weight_path`).
-4. :func:`send_staged_weights` / :func:`await_loaded`: every engine loads them; every engine's
+3b. :func:`send_staged_weights` / :func:`await_loaded`: every engine loads them; every engine's
    checksum of what it received must equal the sender's.
-6. :func:`finalize_and_resume_engines`: stamp every engine with the committed version, then
+5. :func:`finalize_and_resume_engines`: stamp every engine with the committed version, then
    resume it.
 
 Two transports (:class:`actors.transport.Transport`): ``full`` moves every tensor of the
@@ -152,7 +153,7 @@ def _raise_first(results: Sequence[Any]) -> None:
 
 def request_engine_pause(engines: Sequence[Any], epoch: int) -> PendingCalls:
     """Step 2, sent: every engine adopts ``epoch`` and pauses; does not wait. Engines finish
-    their decode step in progress meanwhile (step 3, :func:`stage_weights`, runs then).
+    their decode step in progress meanwhile (step 3a, :func:`stage_weights`, runs then).
 
     What happens to generation in flight is each engine's pause mode
     (:mod:`actors.engines.engine_protocol`): ``abort`` returns it ABORTED, ``in_place`` (partial
@@ -185,7 +186,7 @@ def begin_engine_update(engines: Sequence[Any], epoch: int) -> list[dict[str, An
     return await_engine_pause(request_engine_pause(engines, epoch))
 
 
-# ------------------------------------------------------------------------------ step 3: stage
+# ------------------------------------------------------------------------------ step 3a: stage
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ class StagedWeights:
 
 def stage_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor],
                   path: str = OBJECT_STORE) -> StagedWeights:
-    """Step 3: checksum ``tensors`` and, for actor engines, put them in the object store once
+    """Step 3a: checksum ``tensors`` and, for actor engines, put them in the object store once
     (as CPU tensors: an engine without a GPU must read them) or, on the ``cuda_ipc`` path,
     share them by CUDA IPC handle.
 
@@ -220,19 +221,19 @@ def stage_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor],
     return StagedWeights(checksum, payload)
 
 
-# ------------------------------------------------------------------------------ step 4: load
+# ------------------------------------------------------------------------------ step 3b: load
 
 
 def send_staged_weights(engines: Sequence[Any], staged: StagedWeights, epoch: int,
                         transport: str) -> PendingCalls:
-    """Step 4, sent: every (paused) engine loads ``staged``; does not wait. The version label
+    """Step 3b, sent: every (paused) engine loads ``staged``; does not wait. The version label
     does not change."""
     return _send_all(engines, lambda engine: engine.load_weights, staged.payload, epoch,
                      str(Transport.parse(transport)))
 
 
 def await_loaded(pending: PendingCalls, staged: StagedWeights) -> str:
-    """Step 4, awaited: every engine loaded; returns the checksum they all received.
+    """Step 3b, awaited: every engine loaded; returns the checksum they all received.
 
     Raises:
         StaleEpochError: an engine has seen a newer epoch.
@@ -251,7 +252,7 @@ def await_loaded(pending: PendingCalls, staged: StagedWeights) -> str:
 
 def load_staged_weights(engines: Sequence[Any], staged: StagedWeights, epoch: int,
                         transport: str) -> str:
-    """Step 4 whole: :func:`send_staged_weights`, then :func:`await_loaded`.
+    """Step 3b whole: :func:`send_staged_weights`, then :func:`await_loaded`.
 
     Raises:
         As :func:`await_loaded`.
@@ -261,7 +262,7 @@ def load_staged_weights(engines: Sequence[Any], staged: StagedWeights, epoch: in
 
 def transfer_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor], epoch: int,
                      transport: str) -> str:
-    """Steps 3 and 4 for tools that hold tensors but no cell: stage, then load; returns the
+    """Steps 3a and 3b for tools that hold tensors but no cell: stage, then load; returns the
     checksum.
 
     Raises:
@@ -270,7 +271,7 @@ def transfer_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor], e
     return load_staged_weights(engines, stage_weights(engines, tensors), epoch, transport)
 
 
-# ------------------------------------------------------------------------------ step 6: finalize
+# ------------------------------------------------------------------------------ step 5: finalize
 
 
 @dataclass
@@ -287,7 +288,7 @@ class FinalizeReport:
 
 def finalize_and_resume_engines(engines: Sequence[Any], version: int,
                                 epoch: int) -> FinalizeReport:
-    """Step 6, for every transport: stamp every engine with ``version``, then resume it.
+    """Step 5, for every transport: stamp every engine with ``version``, then resume it.
 
     Precondition: ``version`` was committed by the ledger for the caller's cell at ``epoch``,
     and the engines hold the weights of that commit. Every engine is attempted: one dead

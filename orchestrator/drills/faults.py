@@ -297,13 +297,13 @@ class KillAtUpdatePoint(JobHooks):
 
 
 def zombie_commit(cell: Any, epoch: int) -> int:
-    """Run inside a cell (``actor.__ray_call__.remote(zombie_commit, epoch)``): step 5 of the
+    """Run inside a cell (``actor.__ray_call__.remote(zombie_commit, epoch)``): step 4 of the
     update sequence, the cell's own fenced commit of a made-up checksum, at ``epoch``."""
     return cell.records.commit(epoch, cell.train_step_count, cell.transport, None,
                                "0" * 64).version
 
 
 def zombie_transfer(cell: Any, engines: list[Any], epoch: int) -> str:
-    """Run inside a cell: steps 3 and 4 of the update sequence (stage, load into every
+    """Run inside a cell: step 3 of the update sequence (3a stage, 3b load into every
     engine) with the cell's weights, at ``epoch``, with no pause before them."""
     return load_staged_weights(engines, cell.stage(engines), epoch, cell.transport)
