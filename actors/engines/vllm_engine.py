@@ -117,8 +117,10 @@ class VLLMEngine:
         self.state = EngineState(engine_id)
         self.state.counters["generated_tokens"] = 0
         self._serving = VLLMServing(self._llm, self.state, engine_id, self.task, self.sampling,
-                                    self.max_model_len, paused_wait_timeout_s)
+                                    self.max_model_len, paused_wait_timeout_s,
+                                    on_outputs=self._deliver)
         self._engine_lock = self._serving.lock  # every call into vLLM
+        self._tracks = self._serving.tracks  # the requests in flight, by request id
 
     def pid(self) -> int:
         """The process id of this engine (tests and drills kill it from outside)."""
@@ -135,6 +137,11 @@ class VLLMEngine:
             ValueError: ``n_samples < 1`` or the prompt leaves no room for a response.
         """
         return self._serving.generate(prompt, n_samples, group_index, max_new_tokens)
+
+    def _deliver(self, outputs: list[Any], version: int) -> None:
+        """Called by the stepping thread, holding both locks, with one step's outputs: append
+        each request's new tokens, stamped with ``version`` (a seam for test doubles)."""
+        self._serving.deliver(outputs, version)
 
     # ---------------------------------------------------------------------------- control
 

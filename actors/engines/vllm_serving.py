@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from actors.engines.engine_state import EngineState
@@ -32,8 +33,11 @@ class VLLMServing:
     """
 
     def __init__(self, llm: Any, state: EngineState, engine_id: str, task: Any,
-                 sampling: SamplingParams, max_model_len: int,
-                 paused_wait_timeout_s: float) -> None:
+                 sampling: SamplingParams, max_model_len: int, paused_wait_timeout_s: float,
+                 on_outputs: Callable[[list[Any], int], None] | None = None) -> None:
+        """``on_outputs(outputs, version)`` is called by the stepping thread with each step's
+        outputs, holding both locks (default: :meth:`deliver`); the engine passes its own
+        method, a seam test doubles override."""
         self.llm = llm
         self.state = state
         self.engine_id = engine_id
@@ -44,6 +48,7 @@ class VLLMServing:
         self.lock = threading.Lock()  # every call into vLLM
         self.tracks: dict[str, Track] = {}
         self._request_ids = itertools.count()
+        self._on_outputs = on_outputs or self.deliver
         self._closed = False
         self._stepper = threading.Thread(target=self._step_loop, name="vllm-step", daemon=True)
         self._stepper.start()
@@ -144,12 +149,12 @@ class VLLMServing:
                     version = self.state.version
                 outputs = self.llm.step()
                 with self.state.lock:
-                    self._deliver(outputs, version)
+                    self._on_outputs(outputs, version)
 
     def _unfinished(self) -> bool:
         return any(t.finish_reason is None for t in self.tracks.values())
 
-    def _deliver(self, outputs: list[Any], version: int) -> None:
+    def deliver(self, outputs: list[Any], version: int) -> None:
         """Must hold both locks. Append each request's new tokens, stamped with ``version``."""
         self.state.counters["generated_tokens"] += deliver(self.tracks, outputs, version)
         self.state.lock.notify_all()
