@@ -1,6 +1,6 @@
 """The device an actor computes on, its compute dtype, and moving state to and from it.
 
-The control plane decides per actor (``orchestrator.control.cluster.devices``): an actor given
+The control plane decides per actor (``orchestrator.control.placement.devices``): an actor given
 a GPU by Ray computes on ``"cuda"``, any other on ``"cpu"``. Ray sets the actor's
 ``CUDA_VISIBLE_DEVICES`` to the GPU it was given, so inside the actor that GPU is CUDA device
 0 of the visible ones (with a fractional GPU, several actors see the same device 0).

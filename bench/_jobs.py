@@ -43,7 +43,7 @@ from typing import Any
 import ray
 
 from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
-from ledger.run_layout import FULLY_ASYNC_PREFIX, REWARD_KEY
+from orchestrator.metric_keys import FULLY_ASYNC_PREFIX, REWARD_KEY
 from orchestrator.config import RunConfig
 from orchestrator.control import launch
 from orchestrator.control.driver import JobOptions, run_job

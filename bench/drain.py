@@ -39,7 +39,7 @@ from pathlib import Path
 
 from _report import machine_line, rotated
 from ledger import Ledger
-from ledger.run_layout import NEGATIVE_STALENESS_KEY
+from orchestrator.metric_keys import NEGATIVE_STALENESS_KEY
 from orchestrator.config import RunConfig
 from orchestrator.rollout.data_buffer import DataBuffer
 from orchestrator.rollout.data_source import PromptSource

@@ -1,6 +1,6 @@
 """One weight update, full against LoRA, split into its steps, and the ledger's share of it.
 
-    python bench/weight_update.py [--updates 30] [--engines 2] [--quick]
+    python bench/weight_update.py [--updates 30] [--engines 2] [--quick] [--transactions-only]
 
 The publisher's sequence (DESIGN section 5: ``TrainCell.update_weights``, which runs THE
 sequence :func:`actors.publishing.sequence.update_weights`) with each step timed by the sequence
@@ -16,7 +16,11 @@ engines are idle (the pause then waits for no decode step). LoRA uses the run's 
 Per transport: the median (and min-max) milliseconds of each step and of the whole update,
 the bytes moved, and the ledger's share (its three writes over the whole update).
 
-Prints a table; asserts nothing.
+Then the ledger transactions of one publishing step of a real job, counted by a SQLAlchemy
+listener in every process (``bench/_transactions.py``): median (min-max) over the job's steps,
+and the driver's share.
+
+Prints a table and a line; asserts nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 import ray
 
 from _report import machine_line
+from _transactions import count_transactions
 from actors.policies.policy import PolicyConfig
 from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
@@ -81,10 +86,22 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=30)
     parser.add_argument("--engines", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="smoke run: 3 updates each")
+    parser.add_argument("--transactions-only", action="store_true",
+                        help="only count the ledger transactions per publishing step")
     args = parser.parse_args()
     if args.quick:
         args.updates = 3
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
+    if not args.transactions_only:
+        time_updates(args)
+    counted = count_transactions(steps=4 if args.quick else 8)
+    print(f"ledger transactions per publishing step: {counted['median']:g} "
+          f"({counted['min']}-{counted['max']} over {counted['steps']} steps), "
+          f"{counted['driver']:g} of them in the driver")
+
+
+def time_updates(args: argparse.Namespace) -> None:
+    """The timed updates, full against LoRA, alternating; prints the table."""
     ray.init(address="local", num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False,
              log_to_driver=False, configure_logging=False)
 

@@ -1,8 +1,10 @@
 """Run conventions shared by the orchestrator (which writes a run) and the ledger CLI (which
-reads one): the run directory layout, its file names, the metric keys, the default ledger URL.
+reads one): the run directory layout, its file names, the few metric keys the ledger CLI reads
+back (step, reward, staleness histogram), the default ledger URL. The orchestrator's own metric
+vocabulary is ``orchestrator.metric_keys``.
 
-This is the one place these names live; nothing else spells ``metrics.jsonl`` or
-``rollout/fully_async/``. It imports nothing from the project, so both sides may use it.
+This is the one place these names live; nothing else spells ``metrics.jsonl``. It imports
+nothing from the project, so both sides may use it.
 
 A run directory (``runs/<run-id>/`` by default)::
 
@@ -11,8 +13,7 @@ A run directory (``runs/<run-id>/`` by default)::
                      under "ledger_head" ({"run_id", "seq", "version", "hash"})
     run.png          the run's plot
     checkpoints/     step-NNNNNN.pt (cells), beside it step-NNNNNN.witness.json (the ledger
-                     head the checkpoint saw, the same four keys), and
-                     rollout-step-NNNNNN.json (rollout manager)
+                     head the checkpoint saw, the same four keys)
 
 The ledger URL itself may come from ``LEDGER_DB`` (``LEDGER_DB_ENV``); a PostgreSQL password
 belongs in ``PGPASSWORD`` or ``~/.pgpass``, never in the URL (see :mod:`ledger.redact`).
@@ -25,27 +26,19 @@ from pathlib import Path
 __all__ = [
     "CHECKPOINT_DIR",
     "DEFAULT_RUNS_DIR",
-    "FULLY_ASYNC_PREFIX",
     "LEDGER_DB_ENV",
     "LEDGER_FILE",
     "LEDGER_HEAD_KEY",
-    "MANAGER_PREFIX",
     "METRICS_FILE",
-    "NEGATIVE_STALENESS_KEY",
     "PLOT_FILE",
-    "PROMPTS_UNACCOUNTED_KEY",
     "REWARD_KEY",
     "STALENESS_HISTOGRAM_KEY",
-    "STALENESS_MAX_KEY",
     "STEP_KEY",
-    "WEIGHT_VERSION_KEY",
     "WITNESS_KEYS",
     "WITNESS_SUFFIX",
     "RunLayout",
     "checkpoint_witness_path",
     "default_ledger_url",
-    "manager_metric_key",
-    "metric_key",
 ]
 
 DEFAULT_RUNS_DIR = Path("runs")
@@ -61,28 +54,11 @@ LEDGER_HEAD_KEY = "ledger_head"
 WITNESS_SUFFIX = ".witness.json"
 WITNESS_KEYS = ("run_id", "seq", "version", "hash")
 
-# Per-step rollout metrics (DESIGN section 6) all carry this prefix.
-FULLY_ASYNC_PREFIX = "rollout/fully_async/"
-# Keys of a metrics.jsonl line: the training step it records, and its mean reward.
+# Keys of a metrics.jsonl line the ledger CLI reads: the training step it records, its mean
+# reward, and the staleness histogram (``orchestrator.metric_keys`` names the rest).
 STEP_KEY = "step"
 REWARD_KEY = "reward/mean"
-WEIGHT_VERSION_KEY = "weight_version"
-NEGATIVE_STALENESS_KEY = FULLY_ASYNC_PREFIX + "negative_staleness_total"
-STALENESS_MAX_KEY = FULLY_ASYNC_PREFIX + "staleness_max"
-STALENESS_HISTOGRAM_KEY = FULLY_ASYNC_PREFIX + "staleness_hist"
-# The rollout manager's own run totals (prompt accounting) carry this prefix.
-MANAGER_PREFIX = "rollout_manager/"
-PROMPTS_UNACCOUNTED_KEY = MANAGER_PREFIX + "prompts_unaccounted"
-
-
-def metric_key(name: str) -> str:
-    """The full key of a per-step rollout metric: ``metric_key("staleness_max")``."""
-    return FULLY_ASYNC_PREFIX + name
-
-
-def manager_metric_key(name: str) -> str:
-    """The full key of a rollout-manager run total: ``manager_metric_key("prompts_trained")``."""
-    return MANAGER_PREFIX + name
+STALENESS_HISTOGRAM_KEY = "rollout/fully_async/staleness_hist"
 
 
 def checkpoint_witness_path(checkpoint: Path) -> Path:
@@ -135,25 +111,3 @@ class RunLayout:
     def witness_path(self, train_step: int) -> Path:
         """The ledger head that the checkpoint after ``train_step`` steps saw."""
         return checkpoint_witness_path(self.checkpoint_path(train_step))
-
-    def witness_paths(self) -> list[Path]:
-        """Every checkpoint witness of the run, oldest first."""
-        return sorted(self.checkpoint_dir.glob(f"step-*{WITNESS_SUFFIX}"))
-
-    def manager_state_path(self, train_step: int) -> Path:
-        """The rollout manager's saved prompt state after ``train_step`` steps."""
-        return self.checkpoint_dir / f"rollout-step-{train_step:06d}.json"
-
-    @property
-    def manager_state_from_ledger_path(self) -> Path:
-        """The rollout manager's state rebuilt from the ledger (resume, replacement)."""
-        return self.checkpoint_dir / "rollout-from-ledger.json"
-
-    def manager_states(self) -> list[tuple[int, Path]]:
-        """Saved rollout-manager states as ``(train_step, path)``, oldest first."""
-        found = []
-        for path in self.checkpoint_dir.glob("rollout-step-*.json"):
-            step = path.stem.rsplit("-", 1)[-1]
-            if step.isdigit():
-                found.append((int(step), path))
-        return sorted(found)

@@ -47,7 +47,8 @@ from pydantic.fields import FieldInfo
 
 from ledger.redact import redact_text
 from ledger.run_layout import DEFAULT_RUNS_DIR
-from orchestrator.config import ALIASES, ConfigError, RunConfig
+from orchestrator.config import ALIASES, RunConfig
+from orchestrator.errors import ConfigError, UserError
 from orchestrator.render import DrillTable, print_run_summary
 
 __all__ = ["app", "main"]
@@ -56,9 +57,6 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-
-class UserError(Exception):
-    """Bad input from the person at the terminal: one line, exit 2."""
 
 
 app = typer.Typer(
@@ -138,7 +136,7 @@ def run_command(
         raise UserError("--resume needs --run-id of the run to continue")
     options = JobOptions(resume=resume, ray_address=ray_address, runs_dir=runs_dir,
                          progress=progress)
-    from orchestrator.control.errors import StepFailedError, SupervisionLimitError
+    from orchestrator.errors import StepFailedError, SupervisionLimitError
 
     try:
         with _as_user_error(StartupError, LedgerError):

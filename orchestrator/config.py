@@ -28,6 +28,7 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.device_config import DeviceOptions
+from orchestrator.errors import ConfigError
 from orchestrator.task_options import TaskOptions
 
 __all__ = ["ALIASES", "ConfigError", "RunConfig", "Tracker"]
@@ -49,12 +50,6 @@ class Tracker(enum.StrEnum):
     TENSORBOARD = "tensorboard"
     WANDB = "wandb"
 
-
-class ConfigError(ValueError):
-    """A config that cannot be loaded: unreadable file, unknown key, or invalid value.
-
-    The message is one line and names the field (``max_weight_staleness: ...``) or the file.
-    """
 
 
 class RunConfig(DeviceOptions, TaskOptions):

@@ -5,7 +5,7 @@ flag and a config key like any other); kept in a module of its own so that the c
 stays small and the device rules are read in one place.
 
 ``auto`` and an unset GPU count are decided once the Ray cluster is known
-(:func:`orchestrator.control.cluster.devices.resolve_devices`, from Ray's resource view), and
+(:func:`orchestrator.control.placement.devices.resolve_devices`, from Ray's resource view), and
 the resolved values are what ``run_started`` records. A config that was never resolved (a
 test that builds actors from ``RunConfig()``) asks for no GPU: it runs on CPU, as before.
 

@@ -3,7 +3,7 @@
 ``python -m tests.multinode_job LEDGER_URL RUNS_DIR [--workers N] [--remove-after STEP]``:
 
 1. builds a head node (driver only) plus N worker nodes with ``ray.cluster_utils.Cluster``
-   (:class:`orchestrator.control.cluster.local.LocalCluster`, fast node-death detection);
+   (:class:`orchestrator.control.placement.local.LocalCluster`, fast node-death detection);
 2. checks the ledger URL refusals up front: a SQLite URL (in process and through the
    ``orchestrator run --ray-address`` CLI: one line, exit 2) and an unreachable PostgreSQL URL;
 3. runs a job on ``LEDGER_URL`` and, after step ``--remove-after``, removes the worker node
@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import RunConfig
-from orchestrator.control.cluster.local import LocalCluster
+from orchestrator.control.placement.local import LocalCluster
 from orchestrator.control.driver import JobOptions, run_job
-from orchestrator.control.errors import StartupError
+from orchestrator.errors import StartupError
 from orchestrator.control.hooks import JobHooks
 
 ROOT = Path(__file__).resolve().parents[1]

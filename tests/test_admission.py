@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from ledger.run_layout import FULLY_ASYNC_PREFIX
+from orchestrator.metric_keys import FULLY_ASYNC_PREFIX
 from orchestrator.rollout.admission import AdmissionControl, AdmissionLoad
 from orchestrator.rollout.data_buffer import DataBuffer
 from orchestrator.rollout.data_source import PromptSource

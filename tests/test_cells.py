@@ -17,9 +17,9 @@ from ledger import FencedError, Ledger
 from ledger.run_layout import RunLayout
 from orchestrator.config import RunConfig
 from orchestrator.control import launch
-from orchestrator.control.errors import EngineLostError, StepFailedError
+from orchestrator.errors import EngineLostError, StepFailedError
 from orchestrator.control.publisher import Publisher
-from orchestrator.control.supervisor import Supervisor
+from orchestrator.control.supervision import Supervisor
 from orchestrator.drills.faults import zombie_commit, zombie_transfer
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -64,7 +64,7 @@ def supervisor(config: RunConfig, ledger: Ledger, sqlite_url: str, engines: list
 
 @pytest.fixture
 def publisher(supervisor: Supervisor) -> Publisher:
-    return Publisher(supervisor)
+    return Publisher.of(supervisor)
 
 
 def pid_of(supervisor: Supervisor, cell_id: str) -> int:

@@ -20,7 +20,7 @@ import pytest
 from ledger import EventKind, Ledger
 from ledger.cli.lineage_query import prompts as prompt_query
 from ledger.run_layout import default_ledger_url
-from orchestrator.control.provenance import prompt_ledger
+from orchestrator.control.provenance_recorder import prompt_ledger
 from tests.task_fixtures import addition_rows, make_tokenizer, write_jsonl
 from tests.crash_job import due_for_the_kill, start_job
 from tests.waiting import wait_until

@@ -29,8 +29,8 @@ from actors.task import AdditionTask
 from actors.train_cell import TrainCell
 from orchestrator.config import ConfigError, RunConfig
 from orchestrator.control import launch
-from orchestrator.control.cluster import devices
-from orchestrator.control.errors import StartupError
+from orchestrator.control.placement import devices
+from orchestrator.errors import StartupError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,8 +123,8 @@ _LOGICAL_GPU_CLUSTER = textwrap.dedent("""
     from ray.util.placement_group import placement_group_table
     from orchestrator.config import RunConfig
     from orchestrator.control import launch
-    from orchestrator.control.cluster.placement import Placement
-    from orchestrator.control.policy import FailurePolicy
+    from orchestrator.control.placement.placer import Placement
+    from orchestrator.control.supervision.failure_policy import FailurePolicy
 
     ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False,
              log_to_driver=False, configure_logging=False)
@@ -190,8 +190,8 @@ def test_an_nccl_group_without_cuda_fails_to_form_with_a_collective_error() -> N
 
 def test_cell_state_records_the_gradient_backend(ray_cluster, sqlite_url: str) -> None:
     from ledger import EventKind, Ledger
-    from orchestrator.control.cells import CellGroup
-    from orchestrator.control.policy import FailurePolicy
+    from orchestrator.control.supervision.cell_group import CellGroup
+    from orchestrator.control.supervision.failure_policy import FailurePolicy
 
     config = RunConfig(run_id="backend", num_cells=1, rollout_batch_size=1, db=sqlite_url)
     with Ledger.open(sqlite_url) as ledger:
@@ -326,8 +326,8 @@ def test_asking_for_gpus_on_a_cluster_without_them_is_exit_2_and_writes_nothing(
 
 
 def test_a_gpu_role_fits_only_nodes_with_gpus_to_spare() -> None:
-    from orchestrator.control.cluster.nodes import NodeInfo
-    from orchestrator.control.cluster.placement import _Role
+    from orchestrator.control.placement.nodes import NodeInfo
+    from orchestrator.control.placement.placer import _Role
 
     role = _Role("cell", 0.25, None, gpus=0.5)
 

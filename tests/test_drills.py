@@ -16,9 +16,9 @@ import ray
 from ledger import EventKind, Ledger
 from orchestrator.control import launch
 from orchestrator.control.driver import TrainingJob
-from orchestrator.control.engines.engine_pool import RayEnginePool
+from orchestrator.control.engine_pool.ray_pool import RayEnginePool
 from orchestrator.control.publisher import PublishOutcome, Publisher
-from orchestrator.control.supervisor import Supervisor
+from orchestrator.control.supervision import Supervisor
 from orchestrator.drills import (
     SCENARIOS,
     DrillError,
@@ -149,16 +149,14 @@ class TrustingRolloutManager(RolloutManager):
         return self._weight_version
 
 
-class TrustingSupervisor(Supervisor):
+def create_trusting_manager(config, ledger_url, run_id, engines, scheduling_strategy=None):
     """Starts the trusting manager (and replaces a dead one with another)."""
-
-    def start_manager(self, state_path: str | None = None) -> None:
-        make_prompt = functools.partial(launch._make_prompt, self.config.seed)
-        actor = ray.remote(num_cpus=launch.MANAGER_CPUS)(TrustingRolloutManager)
-        self.manager = actor.remote(self.config.db, self.run_id, self.config, make_prompt,
-                                    RayEnginePool(self.engines))
-        if state_path is not None:
-            ray.get(self.manager.load.remote(state_path))
+    make_prompt = functools.partial(launch._make_prompt, config.seed)
+    options = {"num_cpus": launch.MANAGER_CPUS}
+    if scheduling_strategy is not None:
+        options["scheduling_strategy"] = scheduling_strategy
+    actor = ray.remote(**options)(TrustingRolloutManager)
+    return actor.remote(ledger_url, run_id, config, make_prompt, RayEnginePool(engines))
 
 
 class CountingPublisher(Publisher):
@@ -174,7 +172,7 @@ class CountingPublisher(Publisher):
         if outcome.epoch != self.epoch:  # a new publisher: from 1
             self.count, self.epoch = 0, outcome.epoch
         self.count += 1
-        ray.get(self.supervisor.manager.set_weight_version.remote(self.count))
+        ray.get(self._manager.manager.set_weight_version.remote(self.count))
         return outcome
 
 
@@ -185,9 +183,10 @@ class InMemoryCounterJob(TrainingJob):
 
     def __init__(self, config, ledger, layout, options) -> None:
         super().__init__(config, ledger, layout, options)
-        self.supervisor = TrustingSupervisor(config, ledger, layout,
-                                             create_engine=options.engine_factory)
-        self.publisher = CountingPublisher(self.supervisor, self.hooks, job=self)
+        self.supervisor = Supervisor(config, ledger, layout, create_engine=options.engine_factory,
+                                     create_manager=create_trusting_manager)
+        self.publisher = CountingPublisher.of(
+            self.supervisor, before_publish=lambda: self.hooks.before_publish(self))
 
 
 @pytest.mark.ray

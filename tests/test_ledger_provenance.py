@@ -240,7 +240,7 @@ def test_the_read_model_folds_steps_versions_and_prompts(built: str):
 
 def test_the_orchestrator_reads_the_ledgers_prompt_account():
     from ledger import provenance
-    from orchestrator.control import provenance as control
+    from orchestrator.control import provenance_recorder as control
 
     assert control.PromptLedger is provenance.PromptLedger
     assert control.prompt_ledger is provenance.prompt_ledger

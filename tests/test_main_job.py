@@ -18,7 +18,7 @@ import ray
 from ledger import Ledger
 from orchestrator.config import RunConfig
 from orchestrator.control.driver import JobOptions, TrainingJob, run_job
-from orchestrator.control.provenance import prompt_ledger
+from orchestrator.control.provenance_recorder import prompt_ledger
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 

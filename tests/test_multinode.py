@@ -7,7 +7,7 @@ each runs in a subprocess of its own, with a private ``RAY_TMPDIR``, so the clus
 (``ray.cluster_utils.Cluster``: a driver-only head plus two worker nodes) neither joins the
 session's cluster nor leaves a ``ray_current_cluster`` file where another ``ray.init`` would
 find it. Node death is detected with the health check of
-:data:`orchestrator.control.cluster.local.HEALTH_CHECK` (500 ms period, 3 misses, 1 s timeout).
+:data:`orchestrator.control.placement.local.HEALTH_CHECK` (500 ms period, 3 misses, 1 s timeout).
 """
 
 from __future__ import annotations

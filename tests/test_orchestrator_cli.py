@@ -150,3 +150,42 @@ def test_drill_usage_errors_are_one_line_and_exit_2(capsys):
 
     code, _, err = run_cli(["drill", "--scenario", "all", "--repeat", "many"], capsys)
     assert_one_line_error(code, err, "--repeat")
+
+
+_RESUME_PROBE = """
+import sys, ray
+from orchestrator.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exited:
+    print("ray started" if ray.is_initialized() else "ray not started", exited.code)
+"""
+
+
+@pytest.mark.parametrize("with_db", [False, True])
+def test_resuming_an_unknown_run_is_one_line_before_ray_starts_and_writes_nothing(
+    tmp_path: Path, with_db: bool
+):
+    import os
+    import subprocess
+    import sys
+
+    from ledger import Ledger
+
+    runs = tmp_path / "runs"
+    argv = ["run", "--resume", "--run-id", "nope", "--runs-dir", str(runs)]
+    if with_db:  # a ledger that exists, holding another run only
+        url = f"sqlite:///{tmp_path / 'shared.db'}"
+        with Ledger.open(url) as ledger:
+            ledger.start_run("another")
+        argv += ["--db", url]
+    done = subprocess.run([sys.executable, "-c", _RESUME_PROBE, *argv], capture_output=True,
+                          text=True, env={**os.environ, "RAY_DISABLE_USAGE_STATS": "1"},
+                          cwd=tmp_path, timeout=300)
+
+    assert done.stdout.strip() == "ray not started 2", done.stdout + done.stderr
+    assert_one_line_error(2, done.stderr, "run nope is not in", "nothing to resume")
+    assert not (runs / "nope").exists()
+    if with_db:
+        with Ledger.open(url, readonly=True) as ledger:
+            assert [run.run_id for run in ledger.runs()] == ["another"]

@@ -17,11 +17,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.config import RunConfig
 from orchestrator.control import launch
-from orchestrator.control.cluster import placement as placement_module
-from orchestrator.control.cluster.nodes import NodeInfo
-from orchestrator.control.cluster.placement import Placement, _Role, group_strategy
-from orchestrator.control.errors import SupervisionLimitError
-from orchestrator.control.policy import FailurePolicy
+from orchestrator.control.placement import placer as placement_module
+from orchestrator.control.placement.nodes import NodeInfo
+from orchestrator.control.placement.placer import Placement, _Role, group_strategy
+from orchestrator.errors import SupervisionLimitError
+from orchestrator.control.supervision.failure_policy import FailurePolicy
 
 A, B, C = (NodeInfo(name * 56, f"10.0.0.{i}", 2.0) for i, name in enumerate("abc", 1))
 POLICY = FailurePolicy(heartbeat_timeout_s=0.01, max_attempts=3)

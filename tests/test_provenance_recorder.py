@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ledger import EventKind, Ledger
-from orchestrator.control.provenance import ProvenanceRecorder
+from orchestrator.control.provenance_recorder import ProvenanceRecorder
 from orchestrator.rollout.types import RolloutFnTrainOutput, Sample
 
 

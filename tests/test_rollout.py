@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from ledger.run_layout import FULLY_ASYNC_PREFIX
+from orchestrator.metric_keys import FULLY_ASYNC_PREFIX
 from orchestrator.rollout.data_buffer import DataBuffer
 from orchestrator.rollout.data_source import PromptSource
 from orchestrator.rollout.errors import ProducerDiedError

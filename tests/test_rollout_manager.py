@@ -1,16 +1,16 @@
-"""RolloutManager: version from the ledger, refused pushes, save/load, and as a Ray actor."""
+"""RolloutManager: version from the ledger, refused pushes, restore from the ledger, as an actor."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import pickle
 
 import pytest
 
 from ledger import Ledger
-from ledger.run_layout import FULLY_ASYNC_PREFIX
+from orchestrator.metric_keys import FULLY_ASYNC_PREFIX
 from orchestrator.config import RunConfig
+from orchestrator.control.provenance_recorder import ProvenanceRecorder
 from orchestrator.rollout.errors import (
     RolloutVersionError,
     VersionAheadOfLedgerError,
@@ -153,36 +153,45 @@ def test_version_errors_pickle_intact(error_type):
     assert (restored.requested, restored.reference, str(restored)) == (1, 57, str(error))
 
 
-def test_save_load_round_trip_loses_no_prompt(sqlite_url, tmp_path):
-    build_ledger(sqlite_url, RUN, commits=5)
-    pool = FakeEnginePool(version=5)
-    pool.stamp[1] = 0  # always stale: recycled
-    pool.abort.add(2)  # aborted once: recycled
-    manager = make_manager(sqlite_url, pool)
-    path = tmp_path / "rollout_state.json"
+def _record_first_batch_of_two(url: str, pool: FakeEnginePool) -> tuple[set[int], int]:
+    """A manager drains two batches; the ledger records the first as trained (the second was
+    in the driver's hand when the manager died). Returns the first's prompts and the ledger's
+    prompt position."""
+    manager = make_manager(url, pool)
+    recorder_ledger = Ledger.open(url)
 
     async def first_life():
-        await manager.generate(0)
+        first = await manager.generate(0)
+        dropped, next_index = manager.provenance_snapshot()
+        ProvenanceRecorder(recorder_ledger, RUN).record(
+            1, first, trainer_version=5, produced_version=None, cells=["cell-0"],
+            drain_version=5, dropped_prompts=dropped, next_index=next_index, recycled=0)
         await manager.generate(1)
         await settle()
-        manager.save(path)
         await manager.shutdown()
+        return first, next_index
 
-    run_async(first_life)
-    before = manager.prompt_states()
-    next_index = manager.next_prompt_index()
+    try:
+        first, next_index = run_async(first_life)
+    finally:
+        recorder_ledger.close()
+    return {group[0].group_index for group in first.samples}, next_index
+
+
+def test_a_new_manager_continues_the_prompt_stream_the_ledger_records(sqlite_url):
+    build_ledger(sqlite_url, RUN, commits=5)
+    trained, next_index = _record_first_batch_of_two(sqlite_url, FakeEnginePool(version=5))
 
     restarted_pool = FakeEnginePool(version=5)
     restarted = make_manager(sqlite_url, restarted_pool)
-    restarted.load(path)
+    pending = restarted.restore_from_ledger()
     after = restarted.prompt_states()
 
-    finished = {i for i, state in before.items() if state.startswith(("trained", "dropped"))}
-    assert set(before) == set(range(next_index))
-    assert set(after) == set(range(next_index)) - finished  # every unfinished prompt is back
+    assert set(after) == set(range(next_index)) - trained  # every unfinished prompt is back
+    assert pending == len(after) > 0
     assert all(state == "pending" for state in after.values())
+    assert restarted.next_prompt_index() == next_index
     assert restarted.accounting().balanced
-    assert restarted.recycle_counts()[1] >= 1  # recycle counts survive
 
     async def second_life():
         output = await restarted.generate(2)
@@ -190,56 +199,37 @@ def test_save_load_round_trip_loses_no_prompt(sqlite_url, tmp_path):
         return output
 
     run_async(second_life)
-    pending_order = [index for index, _ in json.loads(path.read_text())["buffer"]["pending"]]
-    assert restarted_pool.calls[: len(pending_order)] == pending_order  # restored prompts first
-    assert min(restarted_pool.calls[len(pending_order):]) >= next_index
+    assert set(restarted_pool.calls[:pending]) == set(after)  # restored prompts first
+    assert min(restarted_pool.calls[pending:]) >= next_index  # then fresh ones
+    assert not trained & set(restarted_pool.calls)  # nothing trained is generated again
 
 
-def test_load_refuses_another_run_and_a_started_manager(sqlite_url, tmp_path):
+def test_a_new_manager_does_not_regenerate_the_prompts_the_driver_holds(sqlite_url):
+    build_ledger(sqlite_url, RUN, commits=5)
+    trained, next_index = _record_first_batch_of_two(sqlite_url, FakeEnginePool(version=5))
+    in_flight = sorted(set(range(next_index)) - trained)
+    held = in_flight[:1]
+
+    restarted = make_manager(sqlite_url, FakeEnginePool(version=5))
+    pending = restarted.restore_from_ledger(held=held)
+
+    assert pending == len(in_flight) - 1
+    assert set(restarted.prompt_states()) == set(in_flight) - set(held)
+    assert restarted.accounting().balanced  # the held prompt counts as trained
+    run_async(restarted.shutdown)
+
+
+def test_restore_from_ledger_refuses_a_manager_that_already_generated(sqlite_url):
     build_ledger(sqlite_url, RUN, commits=0)
-    build_ledger(sqlite_url, "run-b", commits=0)
-    path = tmp_path / "state.json"
     manager = make_manager(sqlite_url, FakeEnginePool())
-    manager.save(path)
-
-    other = RolloutManager(sqlite_url, "run-b", small_config(run_id="run-b"), make_prompt,
-                           FakeEnginePool())
-    with pytest.raises(ValueError, match="run-a"):
-        other.load(path)
 
     async def started():
         await manager.generate(0)
-        with pytest.raises(RuntimeError):
-            manager.load(path)
+        with pytest.raises(RuntimeError, match="fresh manager"):
+            manager.restore_from_ledger()
         await manager.shutdown()
 
     run_async(started)
-    run_async(other.shutdown)
-
-
-@pytest.mark.parametrize(
-    "state",
-    [
-        {"format": 1, "run_id": RUN, "source": {"next_index": 2}},  # no buffer
-        {"format": 1, "run_id": RUN, "source": {"next_index": 2}, "buffer": []},
-        {"format": 1, "run_id": RUN, "source": {}, "buffer": {"pending": []}},
-        {"format": 1, "run_id": RUN, "source": {"next_index": 2}, "buffer": {"pending": [[5, 0]]}},
-    ],
-)
-def test_load_of_a_malformed_state_file_raises_value_error_and_restores_nothing(
-    sqlite_url, tmp_path, state
-):
-    build_ledger(sqlite_url, RUN, commits=0)
-    path = tmp_path / "state.json"
-    path.write_text(json.dumps(state))
-    manager = make_manager(sqlite_url, FakeEnginePool())
-
-    with pytest.raises(ValueError, match="state.json"):
-        manager.load(path)
-
-    assert manager.next_prompt_index() == 0
-    assert manager.prompt_states() == {}
-    run_async(manager.shutdown)
 
 
 @pytest.mark.ray

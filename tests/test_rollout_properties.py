@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ledger import Ledger
-from ledger.run_layout import FULLY_ASYNC_PREFIX
+from orchestrator.metric_keys import FULLY_ASYNC_PREFIX
 from orchestrator.config import RunConfig
 from orchestrator.rollout.errors import VersionAheadOfLedgerError, VersionRegressionError
 from orchestrator.rollout.manager import RolloutManager

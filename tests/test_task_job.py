@@ -11,7 +11,7 @@ from ledger import EventKind, Ledger
 from ledger.cli.lineage_query import prompts as prompt_query
 from orchestrator.config import RunConfig
 from orchestrator.control.driver import JobOptions, run_job
-from orchestrator.control.errors import StartupError
+from orchestrator.errors import StartupError
 from orchestrator.control.task_setup import RewardErrorLimitError
 from tests.task_fixtures import addition_rows, make_tokenizer, write_jsonl, write_parquet
 from tests.test_orchestrator_cli import assert_one_line_error, run_cli

@@ -12,7 +12,7 @@ import pytest
 
 from ledger import Ledger
 from orchestrator.config import RunConfig
-from orchestrator.control.errors import StartupError
+from orchestrator.errors import StartupError
 from orchestrator.control.reporting.tracking import RunTracker, open_tracker
 
 RECORDS = [

@@ -18,7 +18,7 @@ from actors.task import TOKENIZER  # noqa: E402
 from ledger import EventKind, Ledger  # noqa: E402
 from orchestrator.cli import main  # noqa: E402
 from orchestrator.control.driver import TrainingJob  # noqa: E402
-from orchestrator.control.engines.vllm_launch import resolve_model  # noqa: E402
+from orchestrator.control.engine_pool.vllm_launch import resolve_model  # noqa: E402
 from orchestrator.drills import DrillOptions, plan_drills, run_drill  # noqa: E402
 
 pytestmark = pytest.mark.ray

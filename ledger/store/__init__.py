@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -255,14 +255,16 @@ class Ledger(AuditReads):
         reason: str = "start",
         *,
         previous_cell: str | None = None,
+        node: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
     ) -> int:
         """Make ``cell_id`` the publisher with a new epoch (previous + 1) and return it.
 
+        ``node``: where the cell runs (``{"node_id", "host"}``), recorded in the event.
         Not fenced: the control plane decides promotions. From the moment this returns, the
         previous publisher's writes raise :class:`FencedError`.
         """
-        payload = {"reason": reason, "previous_cell": previous_cell}
+        payload = {"reason": reason, "previous_cell": previous_cell, **(node or {})}
         stored = self.append(
             run_id, EventKind.CELL_PROMOTED, payload,
             cell_id=cell_id, idempotency_key=idempotency_key,

@@ -14,87 +14,32 @@ published, and the producer runs only while a drain waits: the comparison baseli
 from __future__ import annotations
 
 import logging
-import secrets
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ledger import EventKind, Ledger, LedgerError
-from ledger.run_layout import (
-    DEFAULT_RUNS_DIR,
-    NEGATIVE_STALENESS_KEY,
-    PROMPTS_UNACCOUNTED_KEY,
-    RunLayout,
-    default_ledger_url,
-    metric_key,
-)
-from ledger.audit.witness import Witness, check_witnesses, read_witnesses, write_checkpoint_witness
+from ledger import Event, EventKind, Head, Ledger, LedgerError
+from ledger.audit.witness import Witness, write_checkpoint_witness
+from ledger.run_layout import RunLayout, default_ledger_url
 from orchestrator.config import RunConfig
 from orchestrator.control import evaluation, launch, task_setup
-from orchestrator.control.errors import StartupError
-from orchestrator.control.hooks import JobHooks
-from orchestrator.control.reporting.progress import RunProgress
-from orchestrator.control.provenance import ProvenanceRecorder, write_manager_state_from_ledger
+from orchestrator.control.engine_pool.vllm_launch import resolve_model
+from orchestrator.control.job_options import JobOptions, JobResult, StepHooks, new_run_id
+from orchestrator.control.provenance_recorder import ProvenanceRecorder
 from orchestrator.control.publisher import Publisher
+from orchestrator.control.reporting.progress import RunProgress
 from orchestrator.control.reporting.step_record import StepRecorder
-from orchestrator.control.supervisor import Supervisor
 from orchestrator.control.reporting.tracking import open_tracker
-from orchestrator.control.engines.vllm_launch import resolve_model
+from orchestrator.control.resume_checks import check_witnesses, require_run
+from orchestrator.control.supervision import Supervisor
+from orchestrator.control.supervision.manager_watch import Drain
+from orchestrator.errors import StartupError
+from orchestrator.metric_keys import NEGATIVE_STALENESS_KEY, PROMPTS_UNACCOUNTED_KEY, metric_key
 from orchestrator.rollout.types import RolloutFnTrainOutput
 
 __all__ = ["JobOptions", "JobResult", "StartupError", "TrainingJob", "new_run_id", "run_job"]
 
 logger = logging.getLogger(__name__)
-
-StepHook = Callable[["TrainingJob", int], None]
-EngineFactory = Callable[[RunConfig, str], Any]
-
-
-@dataclass(frozen=True)
-class JobOptions:
-    """How to run a job (what to train is the RunConfig). ``hooks``: where drills and tests act
-    on the job at named points; ``on_step(job, step)``: a hook after each step's metrics line;
-    ``engine_factory`` builds one engine actor (benchmarks model an accelerator with one)."""
-
-    resume: bool = False
-    ray_address: str | None = None
-    runs_dir: Path = DEFAULT_RUNS_DIR
-    progress: bool = True
-    plot: bool = True
-    on_step: StepHook | None = None
-    hooks: JobHooks = field(default_factory=JobHooks)
-    engine_factory: EngineFactory = launch.create_engine
-
-
-@dataclass
-class JobResult:
-    """What a finished job reports."""
-
-    run_id: str
-    run_dir: Path
-    ledger_url: str
-    metrics_path: Path
-    plot_path: Path | None
-    steps: int
-    head_version: int
-    wall_s: float
-    reward_first: float
-    reward_last: float
-    promotions: int
-    negative_staleness_total: int
-    audit_problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.audit_problems and self.negative_staleness_total == 0
-
-
-def new_run_id() -> str:
-    """``run-YYYYmmdd-HHMMSS-xxxx``: sortable by start time, unique enough per machine."""
-    return f"run-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
 
 
 def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
@@ -110,6 +55,8 @@ def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
     layout = RunLayout.of(options.runs_dir, run_id)
     if not options.resume and config.db is None and layout.ledger_path.exists():
         raise StartupError(f"run {run_id} already exists in {layout.run_dir}; pass --resume")
+    if options.resume:  # before anything is written or started: a typo must leave no trace
+        require_run(config.db or layout.ledger_url, run_id, layout)
     # Before the ledger is touched, so a job that cannot start writes nothing.
     launch.check_cpu_budget(config, options.ray_address)
     launch.check_gpu_budget(config, options.ray_address)
@@ -136,28 +83,6 @@ def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
         ledger.close()
 
 
-class _StepHooks(JobHooks):
-    """The job's hooks plus the ``on_step`` shorthand."""
-
-    def __init__(self, hooks: JobHooks, on_step: StepHook | None) -> None:
-        self._hooks = hooks
-        self._on_step = on_step
-
-    def before_train_step(self, job: TrainingJob, step: int) -> None:
-        self._hooks.before_train_step(job, step)
-
-    def after_train_step(self, job: TrainingJob, step: int) -> None:
-        self._hooks.after_train_step(job, step)
-
-    def before_publish(self, job: TrainingJob) -> None:
-        self._hooks.before_publish(job)
-
-    def on_step_end(self, job: TrainingJob, step: int) -> None:
-        self._hooks.on_step_end(job, step)
-        if self._on_step is not None:
-            self._on_step(job, step)
-
-
 class TrainingJob:
     """One run's actors and loop. Build with :func:`run_job`."""
 
@@ -171,10 +96,11 @@ class TrainingJob:
         self.ledger = ledger
         self.layout = layout
         self.options = options
-        self.hooks = _StepHooks(options.hooks, options.on_step)
+        self.hooks = StepHooks(options.hooks, options.on_step)
         self.supervisor = Supervisor(config, ledger, layout,
                                      create_engine=options.engine_factory)
-        self.publisher = Publisher(self.supervisor, self.hooks, job=self)
+        self.publisher = Publisher.of(self.supervisor,
+                                      before_publish=lambda: self.hooks.before_publish(self))
         self.tracker = open_tracker(config, layout.run_dir)
         self.evaluator = evaluation.Evaluator(config, ledger, self.run_id, self.tracker)
         self.recorder = StepRecorder(layout.metrics_path, self.run_id, tracker=self.tracker)
@@ -208,12 +134,12 @@ class TrainingJob:
         self.tracker.start(self.config, self.run_id, self.ledger.head(self.run_id))
         self.supervisor.start_engines()
         self.supervisor.start_cells()
-        first_step, manager_state = 0, None
+        first_step = 0
         if self.options.resume:
-            first_step, manager_state = self.restore_checkpoint()
+            first_step = self.restore_checkpoint()
         else:
             self.supervisor.ensure_publisher(reason="start")
-        self.supervisor.start_manager(manager_state)
+        self.supervisor.start_manager(restore=self.options.resume)
         with RunProgress(self.config.num_rollout, first_step, enabled=self.options.progress) as bar:
             self.train(first_step, bar)
         return self.finish()
@@ -229,18 +155,18 @@ class TrainingJob:
         except LedgerError:
             raise StartupError(f"run {self.run_id} is not in {self.ledger.url}; "
                                "nothing to resume") from None
-        self.check_witnesses()  # before anything is written
+        check_witnesses(self.ledger, self.run_id, self.layout)  # before anything is written
         task_setup.check_dataset_identity(self.ledger, self.run_id, self.config)
 
-    def restore_checkpoint(self) -> tuple[int, str | None]:
+    def restore_checkpoint(self) -> int:
         """Load the newest checkpoint into every cell, take over with a new epoch (fencing
         whatever the stopped job left running), rebuild the prompt stream from the ledger,
         record ``run_resumed`` and publish the restored weights: the version is ledger head + 1
         even when the checkpoint is older than head.
 
         Returns the step to continue from (the ledger's last trained step: steps after the
-        checkpoint are not trained again, their weight updates are what the rollback loses)
-        and the rollout manager's state file.
+        checkpoint are not trained again, their weight updates are what the rollback loses).
+        The rollout manager started next rebuilds its prompt stream from the same ledger.
         """
         progress = self.ledger.progress(self.run_id)  # newest snapshot + the events after it
         if progress.last_checkpoint is None:
@@ -250,8 +176,7 @@ class TrainingJob:
         self.supervisor.storage.require_readable(checkpoint_path, self.supervisor.cells)
         self.supervisor.take_over(reason="resume")
         summary = self.supervisor.cells.load_checkpoint(checkpoint_path)
-        manager_state = self.supervisor.storage.manager_state_from_ledger_path
-        prompts = write_manager_state_from_ledger(self.ledger, self.run_id, manager_state)
+        prompts = progress.prompts  # what the manager will restore from the ledger
         self.provenance.forget_dropped(prompts.dropped)
         step = max(int(summary["train_step"]), prompts.last_step)
         self.ledger.append(self.run_id, EventKind.RUN_RESUMED, {
@@ -266,64 +191,59 @@ class TrainingJob:
         logger.info("resumed %s at step %d from checkpoint step %d (v%d); published as v%d",
                     self.run_id, step, summary["train_step"], summary["version"],
                     outcome.version)
-        return step, str(manager_state)
-
-    def check_witnesses(self) -> None:
-        """Refuse to resume on a ledger behind what the run's checkpoints and metrics saw
-        (the database was restored from an older backup): it would hand out version numbers
-        engines, checkpoints and metrics have already seen.
-
-        Raises:
-            StartupError: a witness is ahead of the ledger or diverges from it (one line).
-        """
-        if not self.layout.run_dir.is_dir():
-            return
-        try:
-            witnesses = [w for w in read_witnesses(self.layout.run_dir) if w.run_id == self.run_id]
-        except LedgerError:
-            return  # nothing witnessed yet
-        problems = check_witnesses(self.ledger, witnesses)
-        if problems:
-            raise StartupError(f"refusing to resume {self.run_id}: {problems[0].message} "
-                               f"({len(problems)} witness problem(s); `ledger verify --witness "
-                               f"{self.layout.run_dir}` lists them)")
+        return step
 
     def train(self, first_step: int, bar: RunProgress) -> None:
-        """The loop: drain, train, publish, checkpoint, record."""
-        batches = _BatchStream(self, first_step)
+        """The loop: drain, train, publish, checkpoint, record. Fully-async requests the drain
+        of step r+1 as soon as step r's batch is out, before r trains (the prefetch)."""
+        supervisor = self.supervisor
         held_version = self.ledger.head(self.run_id).version  # what the trainer's weights are
+        next_drain: Drain | None = supervisor.request_drain(first_step)
         for step in range(first_step, self.config.num_rollout):
             self.step = step
             step_started = time.monotonic()
-            batch = batches.next(step)
-            self.supervisor.prompts_in_hand = {group[0].group_index for group in batch.samples
-                                               if group}
+            batch = self._drain(next_drain or supervisor.request_drain(step))
+            next_drain = self._prefetch(step + 1)
             timings = {"time/drain_wait_s": time.monotonic() - step_started}
-            self.supervisor.check_cells()
-            engine_probe = self.supervisor.probe_engines()  # answered while the cells train
+
+            supervisor.begin_step(batch)
             started = time.monotonic()
-            self.hooks.before_train_step(self, step)
-            try:
-                train_metrics = self.supervisor.train_step(batch.samples)
-            finally:
-                self.hooks.after_train_step(self, step)
+            train_metrics = self.train_step(step, batch)
             timings["time/train_s"] = time.monotonic() - started
 
             version = None
-            if self.supervisor.restart_dead_engines(engine_probe) or self._publish_due(step):
+            if supervisor.engines_awaiting_weights or self._publish_due(step):
                 started = time.monotonic()
                 version = self.publisher.publish_weights().version
                 timings["time/update_weights_s"] = time.monotonic() - started
-            self.record_provenance(step, batch, held_version, version)
-            self.evaluator.after_step(step, self.supervisor.engines)  # when due
+            recorded = self.record_provenance(step, batch, held_version, version)
             held_version = version or held_version
-
+            head = self._head_at(recorded, held_version)  # passed on, never read back
+            self.evaluator.after_step(step, supervisor.engines)  # when due
             if self._checkpoint_due(step):
                 self.save_checkpoint(step + 1)
-            # Healing builds new actors (seconds): after the step's commit, not before it.
-            self.supervisor.heal_lost_cells()
-            bar.update(self.record(step, batch, train_metrics, version, step_started, timings))
+            supervisor.end_step()
+            bar.update(self.record(step, batch, train_metrics, head, version, step_started,
+                                   timings))
             self.hooks.on_step_end(self, step)
+
+    def _drain(self, drain: Drain) -> RolloutFnTrainOutput:
+        with task_setup.reward_errors_end_the_run():
+            return self.supervisor.await_drain(drain)
+
+    def _prefetch(self, step: int) -> Drain | None:
+        """Fully-async: ask for the batch of ``step`` now; ``--sync``: not until it is due."""
+        if self.config.sync or step >= self.config.num_rollout:
+            return None
+        return self.supervisor.request_drain(step)
+
+    def train_step(self, step: int, batch: RolloutFnTrainOutput) -> dict[str, float]:
+        """Train ``step`` on ``batch`` between the job's two train hooks."""
+        self.hooks.before_train_step(self, step)
+        try:
+            return self.supervisor.train_step(batch.samples)
+        finally:
+            self.hooks.after_train_step(self, step)
 
     def _publish_due(self, step: int) -> bool:
         last = step + 1 == self.config.num_rollout
@@ -342,34 +262,41 @@ class TrainingJob:
         write_checkpoint_witness(path, Witness.of_head(self.run_id, self.ledger.head(self.run_id)))
 
     def record_provenance(self, step: int, batch: RolloutFnTrainOutput, trainer_version: int,
-                          produced_version: int | None) -> None:
+                          produced_version: int | None) -> Event:
         """Append the step's ``batch_trained`` event (what it trained, on which versions, and
-        the prompts it settled); from then on its prompts are on record as trained."""
+        the prompts it settled) and return it; from then on its prompts are on record as
+        trained."""
         dropped_prompts, next_index = self.supervisor.call_manager(
             lambda manager: manager.provenance_snapshot.remote())
-        self.provenance.record(
+        return self.provenance.record(
             step + 1, batch, trainer_version=trainer_version,
             produced_version=produced_version, cells=self.supervisor.cells.alive_ids(),
             drain_version=int(batch.metrics.get(metric_key("weight_version"), trainer_version)),
             dropped_prompts=dropped_prompts, next_index=next_index,
             recycled=int(batch.metrics.get(metric_key("recycled"), 0)),
         )
-        self.supervisor.prompts_in_hand = set()
+
+    def _head_at(self, recorded: Event, version: int) -> Head:
+        """The ledger head right after ``recorded``, from what this process holds: the version
+        it committed last and the publisher it promoted (no ledger read)."""
+        publisher = self.supervisor.failover.publisher
+        if publisher is None:  # pragma: no cover - a publisher is promoted before step 1
+            return self.ledger.head(self.run_id)
+        return Head(version, publisher[1], publisher[0], recorded.seq, recorded.hash)
 
     def record(self, step: int, batch: RolloutFnTrainOutput, train: dict[str, float],
-               version: int | None, step_started: float, timings: dict[str, float]
-               ) -> dict[str, Any]:
-        """Write the step's metrics line; returns it."""
+               head: Head, version: int | None, step_started: float,
+               timings: dict[str, float]) -> dict[str, Any]:
+        """Write the step's metrics line (its witness: ``head``); returns it."""
         self.supervisor.note_negative_staleness(int(batch.metrics.get(NEGATIVE_STALENESS_KEY, 0)))
         record = self.recorder.record(
-            step, batch, train, self.ledger.head(self.run_id), published_version=version,
+            step, batch, train, head, published_version=version,
             cells_alive=len(self.supervisor.cells.alive_ids()),
             quorum_id=self.supervisor.cells.quorum_id, step_started=step_started,
             timings=timings, negative_staleness_total=self.negative_staleness_total,
         )
         # Promotions, failovers, resumes: markers in the trackers at the step they were seen.
-        self.tracker.log_ledger_events(
-            self.ledger.events(self.run_id, start_seq=self.tracker.next_seq), step + 1)
+        self.tracker.follow_ledger(self.ledger, self.run_id, step + 1)
         return record
 
     # ------------------------------------------------------------------ the end
@@ -423,28 +350,3 @@ class TrainingJob:
         """Stop the producer, the cells and the engines (best effort); close the trackers."""
         self.supervisor.stop()
         self.tracker.finish(self.ledger, self.run_id, self.step + 1)
-
-
-class _BatchStream:
-    """Hands the loop one drained batch per step. Fully-async requests the drain of step r+1
-    as soon as step r's batch is out (before r trains); ``--sync`` requests each drain only
-    when the loop asks for it, i.e. after the previous step has published."""
-
-    def __init__(self, job: TrainingJob, first_step: int) -> None:
-        self._job = job  # _pending: step -> (the manager asked, its drain)
-        self._pending: dict[int, tuple[Any, Any]] = {first_step: self._request(first_step)}
-
-    def _request(self, step: int) -> tuple[Any, Any]:
-        manager = self._job.supervisor.manager
-        return manager, manager.generate.remote(step)
-
-    def next(self, step: int) -> RolloutFnTrainOutput:
-        manager, pending = self._pending.pop(step, (None, None))
-        if manager is not self._job.supervisor.manager:  # replaced since: the new one
-            manager, pending = self._request(step)  # regenerates those prompts; ask it
-        with task_setup.reward_errors_end_the_run():
-            batch = self._job.supervisor.await_drain(lambda: self._request(step)[1], pending)
-        config = self._job.config
-        if not config.sync and step + 1 < config.num_rollout:
-            self._pending[step + 1] = self._request(step + 1)
-        return batch

@@ -25,7 +25,7 @@ class TrainingJob(Protocol):
     ledger: Ledger
     layout: RunLayout
     step: int
-    supervisor: Any  # orchestrator.control.supervisor.Supervisor
+    supervisor: Any  # orchestrator.control.supervision.Supervisor
     publisher: Any  # orchestrator.control.publisher.Publisher
 
 

@@ -3,7 +3,7 @@
 Everything a run allocates is built from its :class:`RunConfig`, so a replacement actor (a
 healed cell, a restarted engine or manager) is built exactly like the original.
 
-Where an actor goes is decided by the placement (:mod:`orchestrator.control.cluster.placement`),
+Where an actor goes is decided by the placement (:mod:`orchestrator.control.placement.placer`),
 which calls a factory inside :func:`scheduled`; ``create_cell`` and ``create_engine`` add the
 decided ``scheduling_strategy`` to their actor options (a factory of your own can read
 :func:`scheduling_options` too, or ignore it and be scheduled by Ray's default). The rollout
@@ -28,8 +28,8 @@ from typing import Any
 
 from actors.transport import Transport
 from orchestrator.config import RunConfig
-from orchestrator.control.cluster import devices
-from orchestrator.control.errors import StartupError
+from orchestrator.control.placement import devices
+from orchestrator.errors import StartupError
 from orchestrator.control.task_setup import run_task
 
 __all__ = [
@@ -119,7 +119,7 @@ def init_ray(config: RunConfig, address: str | None = None) -> None:
 def check_cluster_ledger(config: RunConfig, ledger_url: str, address: str | None = None) -> None:
     """Before anything is written: refuse a ledger URL the cluster's nodes cannot share, then
     (more than one node) open the ledger from every node
-    (:mod:`orchestrator.control.cluster.ledger_check`).
+    (:mod:`orchestrator.control.placement.ledger_check`).
 
     Joins the cluster at ``address`` first (:func:`init_ray`); a cluster this job will start
     itself (no address, Ray not initialised) is this machine alone: nothing to check.
@@ -130,11 +130,11 @@ def check_cluster_ledger(config: RunConfig, ledger_url: str, address: str | None
     """
     import ray
 
-    from orchestrator.control.cluster.ledger_check import (
+    from orchestrator.control.placement.ledger_check import (
         check_ledger_url,
         probe_ledger_from_every_node,
     )
-    from orchestrator.control.cluster.nodes import live_nodes
+    from orchestrator.control.placement.nodes import live_nodes
 
     if address is None and not ray.is_initialized():
         return
@@ -188,7 +188,7 @@ def _check_budget(budget: ActorBudget, available: float) -> None:
 
 def resolve_devices(config: RunConfig) -> RunConfig:
     """``config`` with its device, dtype and GPUs per actor decided for the connected Ray
-    cluster (:func:`orchestrator.control.cluster.devices.resolve_devices`); call after
+    cluster (:func:`orchestrator.control.placement.devices.resolve_devices`); call after
     :func:`init_ray`, before any actor starts.
 
     Raises:
@@ -226,9 +226,9 @@ def policy_config(config: RunConfig):
 def create_engine(config: RunConfig, engine_id: str):
     """A ``RolloutEngine`` actor with the run's policy, task, sampling parameters and pause
     mode (``partial_rollout``: in_place, else abort), on its GPUs and device
-    (:mod:`orchestrator.control.cluster.devices`); a ``VLLMEngine`` with ``--engine vllm``."""
+    (:mod:`orchestrator.control.placement.devices`); a ``VLLMEngine`` with ``--engine vllm``."""
     if config.engine == "vllm":
-        from orchestrator.control.engines.vllm_launch import create_vllm_engine
+        from orchestrator.control.engine_pool.vllm_launch import create_vllm_engine
 
         return create_vllm_engine(config, engine_id, ENGINE_CPUS,
                                   **devices.gpu_options(config, "engine"), **scheduling_options())
@@ -255,7 +255,7 @@ def create_cell(config: RunConfig, cell_id: str):
     """A ``TrainCell`` actor with the run's policy, optimizer and transport, bound to the
     run's ledger (``config.db``, ``config.run_id``) for publishing. The ``lora`` transport
     trains only the adapters, at ``lora_lr``. Its GPUs, device, dtype and gradient backend come
-    from :mod:`orchestrator.control.cluster.devices`. With ``--engine vllm``, a
+    from :mod:`orchestrator.control.placement.devices`. With ``--engine vllm``, a
     ``LlamaTrainCell``."""
     from actors.grpo import GRPOConfig
 
@@ -264,7 +264,7 @@ def create_cell(config: RunConfig, cell_id: str):
                            off_policy_correction=config.off_policy_correction,
                            tis_cap=config.tis_cap, tis_clip_low=config.tis_clip_low)
     if config.engine == "vllm":
-        from orchestrator.control.engines.vllm_launch import create_llama_cell
+        from orchestrator.control.engine_pool.vllm_launch import create_llama_cell
 
         return create_llama_cell(config, cell_id, CELL_CPUS, objective,
                                  **devices.gpu_options(config, "cell"), **scheduling_options())
@@ -292,7 +292,7 @@ def create_rollout_manager(config: RunConfig, ledger_url: str, run_id: str,
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from orchestrator.control.engines.engine_pool import RayEnginePool
+    from orchestrator.control.engine_pool.ray_pool import RayEnginePool
     from orchestrator.rollout.manager import RolloutManager
 
     make_prompt = run_task(config).make_prompt

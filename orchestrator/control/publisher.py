@@ -2,7 +2,7 @@
 
 A weight update (DESIGN section 5) walks, with direct method calls:
 
-1. :meth:`Publisher.publish_weights` (here): the supervisor names the publisher cell and its
+1. :meth:`Publisher.publish_weights` (here): cell failover names the publisher cell and its
    epoch (cached; no ledger read unless a promotion or a fence happened).
 2. ``TrainCell.update_weights`` (actors/train_cell.py), which runs the one sequence
    (actors/publishing/sequence.py):
@@ -10,30 +10,34 @@ A weight update (DESIGN section 5) walks, with direct method calls:
    actors/publishing/weight_sync.py), ``commit_weights`` (ledger write 2), the one
    ``finalize_and_resume_engines(v, e)``, ``engines_stamped`` (ledger write 3).
 3. Back here: restarted engines are handed to the rollout manager (they now hold ``v``) and
-   ``v`` is pushed to the manager.
+   ``v`` is pushed to the manager; ``v`` is returned to the driver, which passes it on.
 
-A failed attempt is sorted out under the failure policy and the update is made again: a dead
-engine is restarted (nothing was committed), a lost publisher is failed over (the successor
-transfers again and commits head + 1), a fenced publisher re-reads the head.
+A failed attempt is sorted out and the update is made again under
+:meth:`FailurePolicy.run`: a dead engine is restarted (nothing was committed), a lost
+publisher is failed over (the successor transfers again and commits head + 1), a fenced
+publisher re-reads the head. Every call on the publisher cell is bounded by the policy.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ray.exceptions import RayTaskError
 
 from ledger import FencedError
-from orchestrator.control.cells import is_actor_loss, is_engine_loss
-from orchestrator.control.errors import EngineLostError, StepFailedError
-from orchestrator.control.hooks import JobHooks
-from orchestrator.control.policy import RetryableFailure
+from orchestrator.control.supervision.cell_failover import CellFailover
+from orchestrator.control.supervision.cell_group import CellGroup, is_actor_loss, is_engine_loss
+from orchestrator.control.supervision.engine_restarts import EngineRestarts
+from orchestrator.control.supervision.failure_policy import FailurePolicy
+from orchestrator.control.supervision.manager_watch import ManagerWatch
+from orchestrator.errors import EngineLostError, PublisherLostError, RetryableFailure
 
 if TYPE_CHECKING:
-    from orchestrator.control.supervisor import Supervisor
+    from orchestrator.control.supervision import Supervisor
 
 __all__ = ["PublishOutcome", "Publisher"]
 
@@ -42,29 +46,43 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PublishOutcome:
-    """What one publish did: the committed version, who published it under which epoch, and
-    which engines were stamped with it or failed."""
+    """What one publish did: the committed version, and who published it under which epoch."""
 
     version: int
     epoch: int
     publisher_cell: str
-    stamped_engine_ids: list[str] = field(default_factory=list)
-    failed_engine_ids: list[str] = field(default_factory=list)
 
 
 class Publisher:
     """Publishes the publisher cell's weights to every engine, and saves checkpoints.
 
-    Bound to its run through the supervisor (which holds the ledger, the cells, the engines
-    and the manager); no URL or run id is threaded through calls.
+    Args:
+        cells: the run's cells (the publisher's actor handle).
+        failover: names the publisher, and sorts out its loss or fencing.
+        engines: the engines to publish to; restarts the dead ones.
+        manager: the rollout manager watch (hand-over and the version push); ``None`` for a
+            publisher without rollouts (tests).
+        policy: the attempts and the bound on every call.
+        before_publish: called before each update (the job's hook).
     """
 
-    def __init__(self, supervisor: Supervisor, hooks: JobHooks | None = None,
-                 job: Any = None) -> None:
-        self.supervisor = supervisor
-        self.policy = supervisor.policy
-        self._hooks = hooks or JobHooks()
-        self._job = job
+    def __init__(self, cells: CellGroup, failover: CellFailover, engines: EngineRestarts,
+                 manager: ManagerWatch | None, policy: FailurePolicy, *,
+                 before_publish: Callable[[], None] = lambda: None) -> None:
+        self._cells = cells
+        self._failover = failover
+        self._engines = engines
+        self._manager = manager
+        self.policy = policy
+        self._before_publish = before_publish
+
+    @classmethod
+    def of(cls, supervisor: Supervisor, *, before_publish: Callable[[], None] = lambda: None
+           ) -> Publisher:
+        """A publisher over ``supervisor``'s collaborators (its cells, failover, engines,
+        manager watch and policy), each passed explicitly."""
+        return cls(supervisor.cells, supervisor.failover, supervisor.engine_restarts,
+                   supervisor.manager_watch, supervisor.policy, before_publish=before_publish)
 
     def publish_weights(self) -> PublishOutcome:
         """Publish as the next version (ledger head + 1) to every engine; returns the outcome.
@@ -77,20 +95,13 @@ class Publisher:
             StepFailedError: ``max_attempts`` attempts failed.
             SupervisionLimitError: engines kept dying past the restart budget.
         """
-        self._hooks.before_publish(self._job)
-        try:
-            for attempt in self.policy.attempts():
-                with attempt:
-                    outcome = self._attempt_sorted_out()
-        except RetryableFailure as exc:
-            raise StepFailedError(
-                f"weight update failed {self.policy.max_attempts} times; last error: "
-                f"{exc.cause}"
-            ) from exc.cause
-        self.supervisor.hand_over_engines()
-        if self.supervisor.manager is not None:
-            self.supervisor.call_manager(
-                lambda manager: manager.set_weight_version.remote(outcome.version))
+        self._before_publish()
+        outcome = self.policy.run(self._attempt_sorted_out, "weight update failed")
+        if self._manager is not None and self._manager.manager is not None:
+            watch = self._manager
+            self._engines.hand_over(lambda engine_id, handle: watch.call(
+                lambda manager: manager.replace_engine.remote(engine_id, handle)))
+            watch.call(lambda manager: manager.set_weight_version.remote(outcome.version))
         return outcome
 
     def _attempt_sorted_out(self) -> PublishOutcome:
@@ -98,13 +109,13 @@ class Publisher:
             return self.try_publish()
         except EngineLostError as exc:
             logger.warning("%s; restarting dead engines and publishing again", exc)
-            self.supervisor.restart_dead_engines()
+            self._engines.restart_dead()
             raise RetryableFailure(exc) from exc
-        except _PublisherLost as lost:
-            self.supervisor.lose_cell(lost.cell_id, type(lost.cause).__name__)
+        except PublisherLostError as lost:
+            self._lose(lost)
             raise RetryableFailure(lost.cause) from lost.cause
         except FencedError as exc:
-            self.supervisor.ensure_publisher(refresh=True)
+            self._failover.ensure_publisher(refresh=True)
             raise RetryableFailure(exc) from exc
 
     def try_publish(self) -> PublishOutcome:
@@ -114,23 +125,15 @@ class Publisher:
         Raises:
             EngineLostError: an engine died before the commit; nothing was committed, the
                 other engines stay paused until the next update.
+            PublisherLostError: the publisher cell died or gave no answer in time.
             FencedError: the publisher was superseded.
             Exception: the publisher cell raised (its error, unwrapped from Ray's).
         """
-        cell_id, epoch = self.supervisor.ensure_publisher()
-        engine_ids = list(self.supervisor.engines)
-        engines = [self.supervisor.engines[engine_id] for engine_id in engine_ids]
-        call = self.supervisor.cells.actor(cell_id).update_weights.remote(engines, epoch)
-        results, failed = self.supervisor.cells.call_each({cell_id: call},
-                                                          self.policy.step_timeout_s)
-        if cell_id in failed:
-            raise _classify(cell_id, failed[cell_id])
-        report = results[cell_id]
-        return PublishOutcome(
-            version=report.version, epoch=epoch, publisher_cell=cell_id,
-            stamped_engine_ids=list(report.stamped_engine_ids),
-            failed_engine_ids=[engine_ids[index] for index in sorted(report.failed)],
-        )
+        cell_id, epoch = self._failover.ensure_publisher()
+        engines = list(self._engines.engines.values())
+        report = self._call(cell_id, self._cells.actor(cell_id).update_weights.remote(
+            engines, epoch))
+        return PublishOutcome(version=report.version, epoch=epoch, publisher_cell=cell_id)
 
     def save_checkpoint(self, path: Path) -> dict[str, Any]:
         """The publisher writes its state to ``path`` and records ``checkpoint_saved``.
@@ -138,39 +141,31 @@ class Publisher:
         Raises:
             StepFailedError: ``max_attempts`` attempts failed.
         """
-        try:
-            for attempt in self.policy.attempts():
-                with attempt:
-                    return self._checkpoint_attempt(path)
-        except RetryableFailure as exc:
-            raise StepFailedError(f"checkpoint {path} could not be saved: {exc.cause}"
-                                  ) from exc.cause
-        raise AssertionError("unreachable")  # pragma: no cover
+        return self.policy.run(lambda: self._checkpoint_attempt(path),
+                               f"checkpoint {path} could not be saved")
 
     def _checkpoint_attempt(self, path: Path) -> dict[str, Any]:
-        cell_id, epoch = self.supervisor.ensure_publisher()
-        call = self.supervisor.cells.actor(cell_id).save_checkpoint.remote(str(path), epoch)
-        results, failed = self.supervisor.cells.call_each({cell_id: call},
-                                                          self.policy.step_timeout_s)
-        if cell_id not in failed:
-            return results[cell_id]
-        error = _classify(cell_id, failed[cell_id])
-        if isinstance(error, _PublisherLost):
-            self.supervisor.lose_cell(cell_id, type(error.cause).__name__)
-            raise RetryableFailure(error.cause)
-        if isinstance(error, FencedError):
-            self.supervisor.ensure_publisher(refresh=True)
-            raise RetryableFailure(error)
-        raise error
+        cell_id, epoch = self._failover.ensure_publisher()
+        try:
+            return self._call(cell_id, self._cells.actor(cell_id).save_checkpoint.remote(
+                str(path), epoch))
+        except PublisherLostError as lost:
+            self._lose(lost)
+            raise RetryableFailure(lost.cause) from lost.cause
+        except FencedError as exc:
+            self._failover.ensure_publisher(refresh=True)
+            raise RetryableFailure(exc) from exc
 
+    def _call(self, cell_id: str, call: Any) -> Any:
+        """Wait for the publisher's ``call`` (bounded); raise what its failure means."""
+        results, failed = self._cells.call_each({cell_id: call}, self.policy.step_timeout_s)
+        if cell_id in failed:
+            raise _classify(cell_id, failed[cell_id])
+        return results[cell_id]
 
-class _PublisherLost(Exception):
-    """The publisher cell is gone or frozen (its call raised a Ray actor error or timed out)."""
-
-    def __init__(self, cell_id: str, cause: BaseException) -> None:
-        super().__init__(f"publisher {cell_id} lost: {cause}")
-        self.cell_id = cell_id
-        self.cause = cause
+    def _lose(self, lost: PublisherLostError) -> None:
+        self._failover.lose({lost.cell_id: lost.cause})
+        self._failover.reform()
 
 
 def _classify(cell_id: str, exc: BaseException) -> BaseException:
@@ -178,7 +173,7 @@ def _classify(cell_id: str, exc: BaseException) -> BaseException:
     if is_engine_loss(exc):
         return EngineLostError(f"an engine died during the update: {exc}")
     if is_actor_loss(exc):
-        return _PublisherLost(cell_id, exc)
+        return PublisherLostError(cell_id, exc)
     if isinstance(exc, RayTaskError):
         return exc.as_instanceof_cause()
     return exc

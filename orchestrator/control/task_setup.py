@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import RunConfig
-from orchestrator.control.errors import StartupError, SupervisionLimitError
+from orchestrator.errors import RewardErrorLimitError, StartupError
 
 __all__ = [
     "RewardErrorLimitError",
@@ -169,10 +169,6 @@ def check_dataset_identity(ledger: Any, run_id: str, config: RunConfig) -> None:
             raise StartupError(f"refusing to resume: {name} {getattr(config, name)} != the "
                                f"run's {recorded.get(name)} (the prompt order would change)")
 
-
-class RewardErrorLimitError(SupervisionLimitError):
-    """More than ``reward_error_limit`` of a step's groups were dropped as ``reward_error``:
-    the reward function is broken, the run ends (``run_failed``, one line, exit 1)."""
 
 
 def prepare(config: RunConfig) -> RunConfig:

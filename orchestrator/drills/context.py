@@ -20,9 +20,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ledger import Head, Ledger
+from orchestrator.errors import DrillError, OrchestratorError
 
 if TYPE_CHECKING:
-    from orchestrator.control.cluster.local import LocalCluster
+    from orchestrator.control.placement.local import LocalCluster
     from orchestrator.control.driver import TrainingJob
     from orchestrator.control.hooks import JobHooks
 
@@ -37,11 +38,8 @@ __all__ = [
 ]
 
 
-class DrillError(ValueError):
-    """A drill that cannot be run as asked (unknown scenario, no local PostgreSQL): one line."""
 
-
-class StopRun(Exception):
+class StopRun(OrchestratorError):
     """Raised from a drill's hook to stop a job on purpose (the first half of a resume drill).
 
     The runner catches it and resumes the run in a new job.

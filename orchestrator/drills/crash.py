@@ -35,10 +35,10 @@ import ray
 
 from actors.publishing.sequence import UpdatePoint
 from ledger import EventKind, Ledger
-from ledger.run_layout import metric_key
+from orchestrator.metric_keys import metric_key
 from orchestrator.config import RunConfig
 from orchestrator.control.hooks import JobHooks
-from orchestrator.control.provenance import prompt_ledger
+from orchestrator.control.provenance_recorder import prompt_ledger
 from orchestrator.drills.context import DrillContext, utcnow_naive
 from orchestrator.drills.faults import actor_pid, arm_update_stop, publisher_of, wait_stopped
 

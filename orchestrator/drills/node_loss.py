@@ -1,7 +1,7 @@
 """``kill-node``: a whole worker node lost mid-run, on a local multi-node cluster.
 
 The drill runs on a cluster built with ``--local-nodes N``
-(:class:`orchestrator.control.cluster.local.LocalCluster`: a driver-only head plus N worker
+(:class:`orchestrator.control.placement.local.LocalCluster`: a driver-only head plus N worker
 nodes, fast node-death detection). After the planned step the worker node holding the
 publisher cell (and, spread as the placement spreads them, an engine) is removed **through
 Ray**: ``ray.cluster_utils.Cluster.remove_node`` kills that node's raylet and workers. No

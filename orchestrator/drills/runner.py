@@ -51,7 +51,7 @@ from orchestrator.drills.scenarios import SCENARIOS, Scenario
 from orchestrator.drills.watchdog import run_with_deadlines
 
 if TYPE_CHECKING:
-    from orchestrator.control.cluster.local import LocalCluster
+    from orchestrator.control.placement.local import LocalCluster
 
 __all__ = [
     "SCENARIOS",
@@ -214,7 +214,7 @@ def run_drills(plans: list[FaultPlan], options: DrillOptions = DrillOptions(),
     must not be connected to Ray yet) and shut down at the end."""
     cluster = None
     if options.local_nodes:
-        from orchestrator.control.cluster.local import LocalCluster
+        from orchestrator.control.placement.local import LocalCluster
 
         cluster = LocalCluster(options.local_nodes)
         cluster.connect()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from ledger.run_layout import NEGATIVE_STALENESS_KEY
+from orchestrator.metric_keys import NEGATIVE_STALENESS_KEY
 from orchestrator.drills.context import FaultRecord, utcnow_naive
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ above it, plus ``ledger``):
 * ``data_buffer``: DataBuffer, the bounded queue between producer and drain.
 * ``producer``: FullyAsyncRolloutFn, the producer loop over the engines (paced by admission)
   and the drain.
-* ``manager_state``: the rollout manager's atomic JSON state file.
+* ``manager_state``: a new manager's prompt state, rebuilt from the ledger's account.
 * ``manager``: RolloutManager, the owner of one run's rollout, version from the ledger (the
   control plane runs it as a Ray actor).
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ledger.run_layout import metric_key
+from orchestrator.metric_keys import metric_key
 
 __all__ = ["AdmissionControl", "AdmissionLoad"]
 

@@ -1,36 +1,43 @@
 """The rollout path's errors, in one tree.
 
 Every error here pickles (they cross Ray actor boundaries: the control plane calls the
-RolloutManager as an actor and gets these back)::
+RolloutManager as an actor and gets these back). They hang from the orchestrator's root,
+:class:`orchestrator.errors.OrchestratorError`, and keep their builtin bases::
 
-    ValueError
-    ├── VersionLabelError              a weight-version label that is not an int >= 0
-    └── RolloutVersionError            a pushed version the manager refuses
-        ├── VersionRegressionError         below the manager's current version
-        └── VersionAheadOfLedgerError      above the ledger head (never committed)
-    RuntimeError
-    └── ProducerDiedError              the rollout producer stopped; a drain cannot finish
+    OrchestratorError
+    ├── VersionLabelError (ValueError)     a weight-version label that is not an int >= 0
+    ├── RolloutVersionError (ValueError)   a pushed version the manager refuses
+    │   ├── VersionRegressionError             below the manager's current version
+    │   └── VersionAheadOfLedgerError          above the ledger head (never committed)
+    ├── ProducerDiedError (RuntimeError)   the rollout producer stopped; a drain cannot finish
+    ├── RewardErrorsExceededError (RuntimeError)  too many reward errors in one step
+    ├── TokenizerError (ValueError)        no loadable tokenizer, or no EOS token
+    └── PromptDataError (ValueError)       a prompt file row that cannot be read
 
 Ledger errors (``ledger.LedgerError`` and its subclasses) pass through unchanged.
 """
 
 from __future__ import annotations
 
+from orchestrator.errors import OrchestratorError
+
 __all__ = [
     "ProducerDiedError",
+    "PromptDataError",
     "RewardErrorsExceededError",
     "RolloutVersionError",
+    "TokenizerError",
     "VersionAheadOfLedgerError",
     "VersionLabelError",
     "VersionRegressionError",
 ]
 
 
-class VersionLabelError(ValueError):
+class VersionLabelError(OrchestratorError, ValueError):
     """A weight-version label that is not a non-negative integer."""
 
 
-class RolloutVersionError(ValueError):
+class RolloutVersionError(OrchestratorError, ValueError):
     """A pushed weight version the manager refused; its version is unchanged.
 
     Attributes:
@@ -73,14 +80,24 @@ class VersionAheadOfLedgerError(RolloutVersionError):
         )
 
 
-class ProducerDiedError(RuntimeError):
+class ProducerDiedError(OrchestratorError, RuntimeError):
     """The rollout producer stopped (an exception, or ``FullyAsyncRolloutFn.stop``).
 
     The message names the cause; buffered groups stay buffered (none is lost).
     """
 
 
-class RewardErrorsExceededError(RuntimeError):
+class RewardErrorsExceededError(OrchestratorError, RuntimeError):
     """More groups of one step were dropped as ``reward_error`` than ``reward_error_limit``
     allows: the reward function is broken. Raised by the drain; the run ends (``run_failed``).
     Every drop is already settled in the prompt account."""
+
+
+class TokenizerError(OrchestratorError, ValueError):
+    """The directory holds no loadable tokenizer, or it has no EOS token (one line)."""
+
+class PromptDataError(OrchestratorError, ValueError):
+    """Prompt data that cannot be used: a missing file, an unreadable row, a missing key.
+
+    The message is one line naming the file (and the 1-based row), for a CLI to print and exit 2.
+    """

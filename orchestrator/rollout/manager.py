@@ -16,22 +16,23 @@ The manager's ``weight_version`` is ``max(last accepted push, ledger head)``:
 So the version never decreases and is never above the ledger head (DESIGN invariant 6).
 
 Its refusals are :class:`~orchestrator.rollout.errors.RolloutVersionError` subclasses, which
-pickle across Ray. Its state file is :mod:`~orchestrator.rollout.manager_state`.
+pickle across Ray. A new manager (a resume, a replacement) rebuilds its prompt state from the
+ledger itself (:meth:`RolloutManager.restore_from_ledger`): there is no state file.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+from collections.abc import Sequence
 from typing import Any
 
 from ledger import Ledger
-from ledger.run_layout import NEGATIVE_STALENESS_KEY, manager_metric_key, metric_key
+from orchestrator.metric_keys import NEGATIVE_STALENESS_KEY, manager_metric_key, metric_key
 
 from orchestrator.rollout.data_buffer import DataBuffer
 from orchestrator.rollout.data_source import PromptFactory, PromptSource
 from orchestrator.rollout.errors import VersionAheadOfLedgerError, VersionRegressionError
-from orchestrator.rollout.manager_state import restore_state, save_state
+from orchestrator.rollout.manager_state import restore_from_account
 from orchestrator.rollout.producer import DEFAULT_STALL_WARNING_S, FullyAsyncRolloutFn
 from orchestrator.rollout.prompt_tracker import Accounting
 from orchestrator.rollout.staleness import DynamicFilter
@@ -265,37 +266,27 @@ class RolloutManager:
         admission = self._rollout.admission
         return getattr(admission, f"{name}_total") if admission is not None else 0
 
-    # ----------------------------------------------------------------- persistence
+    # ----------------------------------------------------------------- restore
 
-    def save(self, path: str | os.PathLike[str]) -> str:
-        """Write the prompt position and every unfinished prompt to ``path`` (JSON, atomic).
-
-        The weight version is not saved: a restored manager takes it from the ledger. Prompts
-        in flight, buffered or recycled are saved as pending, so a manager restored from this
-        file regenerates them first and loses none (prompts trained after the save are
-        regenerated too: at least once). Returns the path written. Safe to retry.
-
-        Raises:
-            OSError: the file could not be written; an older file at ``path`` is unchanged.
-        """
-        return save_state(path, self.run_id, self._source, self._buffer)
-
-    def load(self, path: str | os.PathLike[str]) -> None:
-        """Restore what :meth:`save` wrote, into a manager that has not generated yet.
+    def restore_from_ledger(self, held: Sequence[int] = ()) -> int:
+        """Continue the prompt stream where the ledger's ``batch_trained`` events say, in a
+        manager that has not generated yet: every prompt issued but neither trained nor dropped
+        is regenerated first, except ``held`` (a drained batch the driver is about to train).
+        Returns the number of prompts to regenerate. Safe to retry on a fresh manager.
 
         Raises:
             RuntimeError: this manager already started its producer or handed out prompts.
-            ValueError: the file is for another run, another format, or malformed; nothing
-                was restored.
-            OSError: the file cannot be read.
+            ValueError: the ledger's account is inconsistent; nothing was restored.
+            LedgerError: the ledger could not be read; nothing was restored.
         """
         if self._rollout.started or self._buffer.accounting().entered:
-            raise RuntimeError("load() needs a fresh manager (before the first generate)")
-        pending = restore_state(path, self.run_id, self._source, self._buffer)
-        logger.info(
-            "run %s: restored prompt position %d and %d pending prompts from %s",
-            self.run_id, self._source.next_index, pending, path,
-        )
+            raise RuntimeError("restore_from_ledger() needs a fresh manager (before generate)")
+        self._ledger_reads += 1
+        account = self._ledger.progress(self.run_id).prompts  # newest snapshot + events after
+        pending = restore_from_account(account, self._source, self._buffer, held=held)
+        logger.info("run %s: prompt position %d and %d pending prompts from the ledger",
+                    self.run_id, self._source.next_index, pending)
+        return pending
 
     async def shutdown(self) -> None:
         """Stop the producer (in-flight prompts return to pending) and close the ledger."""

@@ -1,111 +1,46 @@
-"""The rollout manager's state file: prompt position and every unfinished prompt, as JSON.
+"""The rollout manager's prompt state rebuilt from the ledger's account of its prompts.
 
-The file holds the prompt source's next index and the data buffer's
-:meth:`~orchestrator.rollout.data_buffer.DataBuffer.state_dict`, tagged with the run id and a
-format number. The weight version is deliberately absent: a restored manager takes it from the
-ledger. Writes are atomic and durable (:func:`ledger.store.atomic_files.write_text_atomically`:
-temporary file, fsync, rename, fsync of the directory), so a crash mid-save leaves the older
-file in place.
+The ledger's ``batch_trained`` events say where every prompt is (:mod:`ledger.provenance`):
+the prompt stream's position, the prompts trained, dropped by reason, and those issued but
+neither (in flight). A new manager (a resume, a replacement) continues from there: the stream
+at the ledger's position and every in-flight prompt regenerated first, except the prompts of
+a drained batch the driver holds and is about to train (``held``). No state file is written
+or read; the weight version comes from the ledger head as always.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
-from ledger.store.atomic_files import write_text_atomically
+from ledger.provenance import PromptLedger
 from orchestrator.rollout.data_buffer import DataBuffer
 from orchestrator.rollout.data_source import PromptSource
 
-__all__ = ["STATE_FORMAT", "restore_state", "save_state", "write_state"]
-
-STATE_FORMAT = 1
+__all__ = ["restore_from_account"]
 
 
-def save_state(
-    path: str | os.PathLike[str], run_id: str, source: PromptSource, buffer: DataBuffer
-) -> str:
-    """Write ``source``'s position and ``buffer``'s unfinished prompts to ``path``, atomically.
-
-    Returns the path written.
+def restore_from_account(account: PromptLedger, source: PromptSource, buffer: DataBuffer, *,
+                         held: Iterable[int] = ()) -> int:
+    """Load the ledger's prompt ``account`` into a fresh ``source`` and an empty ``buffer``;
+    returns the number of prompts to regenerate (recycle counts start again at 0).
 
     Raises:
-        OSError: the file could not be written; an older file at ``path`` is unchanged.
+        ValueError: the account has an in-flight prompt at or beyond its stream position;
+            nothing was restored.
     """
-    state = {
-        "format": STATE_FORMAT,
-        "run_id": run_id,
-        "source": source.state_dict(),
-        "buffer": buffer.state_dict(),
+    held_set = set(held)
+    pending = [index for index in account.in_flight if index not in held_set]
+    if any(index >= account.next_index for index in pending):
+        raise ValueError("a pending prompt is beyond the ledger's prompt position")
+    settled_held = len(held_set & set(account.in_flight))
+    state: dict[str, Any] = {
+        "pending": [[index, 0] for index in pending], "entered": account.next_index,
+        "trained": len(account.trained) + settled_held,
+        "dropped": dict(account.dropped_by_reason()),
+        # Per-manager counters start again; the driver carries the run's totals.
+        "negative_staleness_total": 0, "missing_version_total": 0,
     }
-    return _write_atomically(Path(path), state)
-
-
-def _write_atomically(target: Path, state: dict[str, Any]) -> str:
-    return str(write_text_atomically(target, json.dumps(state)))
-
-
-def write_state(path: str | os.PathLike[str], run_id: str, *, next_index: int,
-                pending: list[int], trained: int, dropped: dict[str, int]) -> str:
-    """Write a state file from an account kept elsewhere (the ledger's ``batch_trained``
-    events): the source position, the unfinished prompts to regenerate first (recycle counts
-    start again at 0) and the totals. Returns the path written.
-
-    Raises:
-        ValueError: a pending prompt at or beyond ``next_index``.
-        OSError: the file could not be written.
-    """
-    if any(index >= next_index for index in pending):
-        raise ValueError("a pending prompt is beyond the source position")
-    state = {
-        "format": STATE_FORMAT,
-        "run_id": run_id,
-        "source": {"next_index": next_index},
-        "buffer": {"pending": [[index, 0] for index in pending], "entered": next_index,
-                   "trained": trained, "dropped": dict(dropped),
-                   # Per-manager counters start again; the driver carries the run's totals.
-                   "negative_staleness_total": 0, "missing_version_total": 0},
-    }
-    return _write_atomically(Path(path), state)
-
-
-def restore_state(
-    path: str | os.PathLike[str], run_id: str, source: PromptSource, buffer: DataBuffer
-) -> int:
-    """Load what :func:`save_state` wrote into a fresh ``source`` and an empty ``buffer``.
-
-    The file is checked before anything is restored. Returns the number of pending prompts
-    restored.
-
-    Raises:
-        ValueError: the file is for another run, another format, or malformed (a pending
-            prompt beyond the saved source position included).
-        RuntimeError: ``buffer`` already tracks prompts.
-        OSError: the file cannot be read.
-    """
-    state = _read(path)
-    if state.get("run_id") != run_id:
-        raise ValueError(f"{path}: state of run {state.get('run_id')!r}, not {run_id!r}")
-    try:
-        saved_position = PromptSource(source.make)
-        saved_position.load_state_dict(state["source"])
-        pending = [int(index) for index, _ in state["buffer"]["pending"]]
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise ValueError(f"{path}: malformed rollout manager state: {exc}") from None
-    if any(index >= saved_position.next_index for index in pending):
-        raise ValueError(f"{path}: a pending prompt is beyond the saved source position")
-    buffer.load_state_dict(state["buffer"], source.make)
-    source.load_state_dict(state["source"])
+    buffer.load_state_dict(state, source.make)
+    source.load_state_dict({"next_index": account.next_index})
     return len(pending)
-
-
-def _read(path: str | os.PathLike[str]) -> dict[str, Any]:
-    try:
-        state = json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not a rollout manager state file: {exc}") from None
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise ValueError(f"{path}: unknown rollout manager state format")
-    return state

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from ledger.run_layout import metric_key
+from orchestrator.metric_keys import metric_key
 
 from orchestrator.rollout.admission import AdmissionControl
 from orchestrator.rollout.data_buffer import DataBuffer

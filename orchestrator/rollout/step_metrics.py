@@ -18,13 +18,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.run_layout import (
+from orchestrator.metric_keys import (
     NEGATIVE_STALENESS_KEY,
     STALENESS_HISTOGRAM_KEY,
     STALENESS_MAX_KEY,
     metric_key,
 )
-
 from orchestrator.rollout.staleness import Rejection, Verdict
 from orchestrator.rollout.types import Group, Sample, SampleStatus
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.console import Console
 
-from ledger.run_layout import REWARD_KEY, STALENESS_MAX_KEY
+from orchestrator.metric_keys import REWARD_KEY, STALENESS_MAX_KEY
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 __all__ = ["RunProgress"]

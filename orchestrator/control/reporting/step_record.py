@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ledger import Head
-from ledger.run_layout import LEDGER_HEAD_KEY, REWARD_KEY, WEIGHT_VERSION_KEY
+from ledger.run_layout import LEDGER_HEAD_KEY
+from orchestrator.metric_keys import REWARD_KEY, WEIGHT_VERSION_KEY
 from ledger.audit.witness import Witness
 from orchestrator.control.reporting.tracking import RunTracker
 from orchestrator.rollout.types import RolloutFnTrainOutput

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from ledger import redact_secrets
 from orchestrator.config import RunConfig, Tracker
-from orchestrator.control.errors import StartupError
+from orchestrator.errors import StartupError
 
 __all__ = ["MARKER_KINDS", "RunTracker", "TensorBoardBackend", "WandbBackend", "open_tracker"]
 
@@ -171,6 +171,12 @@ class RunTracker:
         self._each("log a step", lambda b: b.scalars(step, numbers))
         for key, text in texts.items():
             self._each("log text", lambda b, k=key, t=text: b.text(step, k, t))
+
+    def follow_ledger(self, ledger: Any, run_id: str, step: int) -> None:
+        """Log the marker events the ledger recorded since the last call, at ``step``. Reads
+        the ledger only if there is a backend to log to."""
+        if self.backends:
+            self.log_ledger_events(ledger.events(run_id, start_seq=self._next_seq), step)
 
     def log_ledger_events(self, events: Iterable[Any], step: int) -> None:
         """Log the marker events among ``events`` (each once, by seq) at ``step``."""

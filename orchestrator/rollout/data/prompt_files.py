@@ -20,14 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.rollout.errors import PromptDataError
+
 __all__ = ["DatasetIdentity", "PromptDataError", "PromptRow", "load_prompt_rows"]
 
-
-class PromptDataError(ValueError):
-    """Prompt data that cannot be used: a missing file, an unreadable row, a missing key.
-
-    The message is one line naming the file (and the 1-based row), for a CLI to print and exit 2.
-    """
 
 
 @dataclass(frozen=True)

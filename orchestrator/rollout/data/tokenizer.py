@@ -17,14 +17,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.rollout.errors import TokenizerError
+
 __all__ = ["SPECIAL_TOKENS", "HFTokenizer", "TokenizerError", "build_char_tokenizer"]
 
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>")
 """Ids 0, 1, 2 of a tokenizer :func:`build_char_tokenizer` makes."""
 
-
-class TokenizerError(ValueError):
-    """The directory holds no loadable tokenizer, or it has no EOS token (one line)."""
 
 
 class HFTokenizer:

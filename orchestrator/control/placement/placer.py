@@ -20,7 +20,7 @@ uses ``PACK``. The actor with the i-th id of its role runs in bundle i.
 - the new actor must start (answer a call) within ``actor_start_timeout_s``. One that "died
   before it ran" (its node died meanwhile) or never started is killed and placed again on
   another node, at most ``max_attempts`` times: then
-  :class:`~orchestrator.control.errors.SupervisionLimitError` ends the run.
+  :class:`~orchestrator.errors.SupervisionLimitError` ends the run.
 
 Every decision is remembered (:meth:`Placement.node_fields`), so the ledger's events can say
 which node an actor runs on.
@@ -34,7 +34,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
@@ -51,9 +51,11 @@ from ray.util.scheduling_strategies import (
 
 from orchestrator.config import RunConfig
 from orchestrator.control import launch
-from orchestrator.control.cluster.nodes import NodeInfo, actor_node, live_nodes, probe_node
-from orchestrator.control.errors import StartupError, SupervisionLimitError
-from orchestrator.control.policy import FailurePolicy
+from orchestrator.control.placement.nodes import NodeInfo, actor_node, live_nodes, probe_node
+from orchestrator.errors import StartupError, SupervisionLimitError
+
+if TYPE_CHECKING:
+    from orchestrator.control.supervision.failure_policy import FailurePolicy
 
 __all__ = ["ActorFactory", "Placement", "group_strategy", "start_on_a_live_node"]
 

@@ -13,16 +13,15 @@ is written there; on an object store it stays in the driver's run directory.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from actors.cluster.checkpoint_io import is_readable, join_url, local_path, to_url
+from actors.cluster.checkpoint_io import is_readable, join_url, to_url
 from ledger.run_layout import RunLayout
 from orchestrator.config import RunConfig
-from orchestrator.control.errors import StartupError
+from orchestrator.errors import StartupError
 
 if TYPE_CHECKING:
-    from orchestrator.control.cells import CellGroup
+    from orchestrator.control.supervision.cell_group import CellGroup
 
 __all__ = ["CheckpointStore"]
 
@@ -54,17 +53,6 @@ class CheckpointStore:
     def checkpoint_url(self, train_step: int) -> str:
         """The cells' checkpoint after ``train_step`` steps."""
         return join_url(self.url, self.layout.checkpoint_path(train_step).name)
-
-    @property
-    def manager_state_from_ledger_path(self) -> Path:
-        """Where the rollout manager's state rebuilt from the ledger goes (a resume, a
-        replaced manager): in the checkpoint directory, so a manager on any node reads it.
-        The manager reads it as a file: on an object store it stays in the driver's run
-        directory (absolute), readable only by a manager on the driver's node."""
-        path = local_path(join_url(self.url, self.layout.manager_state_from_ledger_path.name))
-        if path is None:
-            return self.layout.manager_state_from_ledger_path.resolve()
-        return Path(path)
 
     def require_readable(self, url: str, cells: CellGroup | None = None,
                          timeout_s: float = 60.0) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+from orchestrator.errors import NoEngineAliveError
 from orchestrator.rollout.types import Prompt, Sample, SampleStatus
 
 __all__ = ["NoEngineAliveError", "RayEnginePool"]
@@ -21,9 +22,6 @@ logger = logging.getLogger(__name__)
 
 ENGINE_FAILURES = (ActorDiedError, ActorUnavailableError, RayActorError)
 
-
-class NoEngineAliveError(RuntimeError):
-    """Every engine of the pool is dead; generation cannot continue."""
 
 
 class RayEnginePool:

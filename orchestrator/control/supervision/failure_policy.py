@@ -1,16 +1,19 @@
-"""The one failure policy: every retry and replacement limit of the control plane.
+"""The one failure policy: every retry, replacement and wait limit of the control plane.
 
 Like Ray Train's ``FailureConfig`` and an OTP supervisor's restart intensity, the limits are
 declared once and nothing else retries or restarts:
 
 - ``max_attempts``: attempts of one operation (a train step, forming a quorum, a weight
-  update, a checkpoint). Each failed attempt is sorted out first (lost cells marked, a
-  publisher promoted, dead engines restarted), then the operation runs again.
+  update, a checkpoint), run by :meth:`FailurePolicy.run`. Each failed attempt is sorted out
+  first (lost cells marked, a publisher promoted, dead engines restarted) and says so by
+  raising :class:`RetryableFailure`; then the operation runs again.
 - ``max_restarts`` in ``restart_window_s``: replacements of actors (healed cells, restarted
   engines, replaced rollout managers). One more ends the run with
-  :class:`~orchestrator.control.errors.SupervisionLimitError`, never a loop.
+  :class:`~orchestrator.errors.SupervisionLimitError`, never a loop.
 - ``heartbeat_timeout_s``: how long a cell or engine may stay silent before it is lost; every
-  wait on an actor is bounded by it (plus ``step_grace_s`` for calls that compute).
+  wait on an actor is bounded by it (:attr:`step_timeout_s` for calls that compute,
+  :attr:`probe_timeout_s` for an engine's health probe, :attr:`transfer_timeout_s` for
+  copying a cell's state).
 - ``actor_start_timeout_s``: how long a replacement actor may take to start on the node it
   was placed on; one that dies or does not start in time is placed again on another node, at
   most ``max_attempts`` times (a node that is dying is probed for ``heartbeat_timeout_s``).
@@ -21,27 +24,21 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from orchestrator.config import RunConfig
-from orchestrator.control.errors import SupervisionLimitError
+from orchestrator.errors import RetryableFailure, StepFailedError, SupervisionLimitError
 
 __all__ = ["FailurePolicy", "RestartBudget", "RetryableFailure"]
 
 logger = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
 
-class RetryableFailure(Exception):
-    """An attempt failed in a way the supervisor has sorted out: run the operation again.
-
-    ``cause`` is the original error (the last one is re-raised in the final error message).
-    """
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
 
 
 @dataclass(frozen=True)
@@ -55,6 +52,7 @@ class FailurePolicy:
     restart_window_s: float = 600.0
     manager_call_timeout_s: float = 60.0
     actor_start_timeout_s: float = 180.0
+    probe_grace_s: float = 30.0
 
     @classmethod
     def from_config(cls, config: RunConfig) -> FailurePolicy:
@@ -67,15 +65,37 @@ class FailurePolicy:
         a failed collective within the heartbeat timeout, so a silent cell is lost after it."""
         return self.heartbeat_timeout_s + max(self.heartbeat_timeout_s, self.step_grace_s)
 
-    def attempts(self) -> Retrying:
-        """A tenacity loop of ``max_attempts`` attempts that retries :class:`RetryableFailure`
-        only (anything else propagates at once); after the last attempt the final
-        ``RetryableFailure`` is re-raised for the caller to turn into its own error."""
-        return Retrying(
-            stop=stop_after_attempt(self.max_attempts),
-            retry=retry_if_exception_type(RetryableFailure),
-            reraise=True,
-        )
+    @property
+    def probe_timeout_s(self) -> float:
+        """The bound on an engine's health probe, sent before a train step and read after it:
+        an engine silent this long (frozen, SIGSTOPped) counts as dead and is replaced. The
+        grace covers an engine busy finishing a decode step on a loaded machine."""
+        return self.step_timeout_s + self.probe_grace_s
+
+    @property
+    def transfer_timeout_s(self) -> float:
+        """The bound on moving a cell's state (heal, copy, checkpoint load): its weights and
+        optimizer state travel through the object store, which may take a while."""
+        return self.step_timeout_s + self.actor_start_timeout_s
+
+    def run(self, operation: Callable[[], _T], what: str) -> _T:
+        """Run ``operation`` up to ``max_attempts`` times; return its first result.
+
+        ``operation`` raises :class:`RetryableFailure` after it has sorted out a failed
+        attempt; anything else propagates at once, unchanged.
+
+        Raises:
+            StepFailedError: every attempt raised ``RetryableFailure``; the message is
+                ``what`` (say "train step failed"), the attempts and the last cause, which is
+                chained.
+        """
+        retrying = Retrying(stop=stop_after_attempt(self.max_attempts),
+                            retry=retry_if_exception_type(RetryableFailure), reraise=True)
+        try:
+            return retrying(operation)
+        except RetryableFailure as exc:
+            raise StepFailedError(f"{what} after {self.max_attempts} attempts; last error: "
+                                  f"{exc.cause}") from exc.cause
 
 
 @dataclass

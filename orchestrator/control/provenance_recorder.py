@@ -14,7 +14,8 @@ leaves that step unrecorded; its prompts count as in flight and a resume trains 
 
 From these events alone the ledger answers where every prompt is (:func:`prompt_ledger`, the
 fold in :mod:`ledger.provenance`, re-exported here), and a resume or a replaced rollout manager
-continues the prompt stream from there: no prompt trained twice, none skipped.
+continues the prompt stream from there (``RolloutManager.restore_from_ledger``): no prompt
+trained twice, none skipped.
 """
 
 from __future__ import annotations
@@ -22,11 +23,9 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 from ledger import Event, EventKind, Ledger
 from ledger.provenance import PromptLedger, prompt_digest, prompt_ledger
-from orchestrator.rollout.manager_state import write_state
 from orchestrator.rollout.types import RolloutFnTrainOutput, Sample
 
 __all__ = [
@@ -34,28 +33,7 @@ __all__ = [
     "ProvenanceRecorder",
     "prompt_digest",
     "prompt_ledger",
-    "write_manager_state_from_ledger",
 ]
-
-
-def write_manager_state_from_ledger(ledger: Ledger, run_id: str, path: Path, *,
-                                    held: Iterable[int] = ()) -> PromptLedger:
-    """Rebuild the rollout manager's prompt state from the ledger into ``path``: the stream
-    continues at the ledger's position and every issued prompt neither trained nor dropped is
-    regenerated first, except ``held`` (a drained batch in the driver's hand, about to be
-    trained). Returns the ledger's account.
-
-    Raises:
-        OSError: the file could not be written.
-    """
-    accounting = ledger.progress(run_id).prompts  # newest snapshot + the events after it
-    held_set = set(held)
-    pending = [index for index in accounting.in_flight if index not in held_set]
-    settled_held = len(held_set & set(accounting.in_flight))
-    write_state(path, run_id, next_index=accounting.next_index, pending=pending,
-                trained=len(accounting.trained) + settled_held,
-                dropped=accounting.dropped_by_reason())
-    return accounting
 
 
 class ProvenanceRecorder:

@@ -15,8 +15,8 @@ from typing import Any
 
 from actors.transport import Transport
 from orchestrator.config import RunConfig
-from orchestrator.control.cluster import devices
-from orchestrator.control.errors import StartupError
+from orchestrator.control.placement import devices
+from orchestrator.errors import StartupError
 
 __all__ = ["MODEL_DIR_NAME", "create_llama_cell", "create_vllm_engine", "llama_policy",
            "resolve_model"]

@@ -21,8 +21,8 @@ import ray
 import sqlalchemy as sa
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from orchestrator.control.cluster.nodes import NodeInfo, live_nodes
-from orchestrator.control.errors import StartupError
+from orchestrator.control.placement.nodes import NodeInfo, live_nodes
+from orchestrator.errors import StartupError
 
 __all__ = ["check_ledger_url", "probe_ledger_from_every_node"]
 

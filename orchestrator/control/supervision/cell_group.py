@@ -2,10 +2,10 @@
 
 This module is mechanism only: it creates cell actors, records their state in the ledger
 (``cell_state``), heartbeats them, forms a quorum, runs ONE attempt of a sharded train step,
-copies state between cells and replaces a lost cell. Every call on a cell is bounded (a frozen
-process answers nothing, so a call without an answer within its timeout counts as failed).
-Deciding what a failure means and whether to try again is the supervisor's job
-(:mod:`orchestrator.control.supervisor`), under the one failure policy.
+copies state between cells and replaces a lost cell. Every call on a cell is bounded by the
+failure policy (a frozen process answers nothing, so a call without an answer within its
+timeout counts as failed with ``GetTimeoutError``). Deciding what a failure means and whether
+to try again is cell failover's job (:mod:`.cell_failover`), under the one failure policy.
 
 Gradient averaging runs over the alive cells; each change of membership forms a new quorum (a
 fresh quorum id, hence a fresh store prefix: members of an old quorum can never meet members of
@@ -15,6 +15,7 @@ run's config and recorded in every ``cell_state`` (``gradient_backend``).
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,12 +26,12 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from ledger import EventKind, Ledger
 from orchestrator.config import RunConfig
-from orchestrator.control.cluster.devices import cell_device_options
-from orchestrator.control.policy import FailurePolicy
+from orchestrator.control.placement.devices import cell_device_options
+from orchestrator.control.supervision.failure_policy import FailurePolicy
 from orchestrator.control.sharding import shard_groups
 from orchestrator.rollout.types import Sample
 
-__all__ = ["CellGroup", "CellStepAttempt", "is_actor_loss", "is_engine_loss"]
+__all__ = ["CellGroup", "CellState", "CellStepAttempt", "is_actor_loss", "is_engine_loss"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,15 @@ def is_actor_loss(exc: BaseException) -> bool:
 def is_engine_loss(exc: BaseException) -> bool:
     """True if a cell's call failed because an engine it talked to is gone."""
     return isinstance(exc, RayTaskError) and isinstance(exc, RayActorError)
+
+
+class CellState(enum.StrEnum):
+    """A cell's state as ``cell_state`` events record it."""
+
+    ALIVE = "alive"
+    ERRORED = "errored"
+    HEALED = "healed"
+    STOPPED = "stopped"
 
 
 @dataclass
@@ -104,9 +114,10 @@ class CellGroup:
         for index in range(self.config.num_cells):
             cell_id = f"cell-{index}"
             self._cells[cell_id] = _Cell(cell_id, self._create_cell(self.config, cell_id))
-        ray.get([cell.actor.pid.remote() for cell in self._cells.values()])
+        calls = {cell_id: cell.actor.pid.remote() for cell_id, cell in self._cells.items()}
+        self._all_or_raise(calls, self.policy.actor_start_timeout_s)
         for cell_id in self._cells:
-            self.record_state(cell_id, "alive")
+            self.record_state(cell_id, CellState.ALIVE)
 
     @property
     def cell_ids(self) -> list[str]:
@@ -127,12 +138,12 @@ class CellGroup:
     def quorum_id(self) -> int:
         return self._quorum_id
 
-    def record_state(self, cell_id: str, state: str) -> None:
+    def record_state(self, cell_id: str, state: CellState) -> None:
         """Append ``cell_state`` (alive, errored, healed, stopped) with the current quorum and
         the gradient backend."""
         self.ledger.append(
             self.run_id, EventKind.CELL_STATE,
-            {"state": state, "quorum_id": self._quorum_id,
+            {"state": CellState(state).value, "quorum_id": self._quorum_id,
              "gradient_backend": self.gradient_backend, **self._node_of(cell_id)},
             cell_id=cell_id,
         )
@@ -145,7 +156,7 @@ class CellGroup:
             return False
         cell.alive = False
         logger.warning("cell %s lost: %s", cell_id, why)
-        self.record_state(cell_id, "errored")
+        self.record_state(cell_id, CellState.ERRORED)
         return True
 
     def heartbeat(self) -> list[str]:
@@ -179,6 +190,13 @@ class CellGroup:
             except Exception as exc:  # noqa: BLE001 - sorted out by the supervisor
                 failed[cell_id] = exc
         return results, failed
+
+    def _all_or_raise(self, calls: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """:meth:`call_each`, raising the first failure (``GetTimeoutError`` for a silent cell)."""
+        results, failed = self.call_each(calls, timeout)
+        if failed:
+            raise next(iter(failed.values()))
+        return results
 
     # ------------------------------------------------------------------ one attempt each
 
@@ -215,33 +233,52 @@ class CellGroup:
         return self.call_each(calls, self.policy.heartbeat_timeout_s)
 
     def copy_state(self, source: str, targets: list[str]) -> None:
-        """Every cell in ``targets`` adopts ``source``'s weights and optimizer state."""
+        """Every cell in ``targets`` adopts ``source``'s weights and optimizer state.
+
+        Raises:
+            GetTimeoutError: a cell did not answer within the policy's transfer timeout.
+            RayActorError: a cell died.
+        """
         state = self._cells[source].actor.get_state.remote()
-        ray.get([self._cells[c].actor.set_state.remote(state) for c in targets])
+        self._all_or_raise({c: self._cells[c].actor.set_state.remote(state) for c in targets},
+                           self.policy.transfer_timeout_s)
 
     def replace(self, cell_id: str, source: str) -> None:
         """Replace lost ``cell_id`` by a new actor holding ``source``'s state; it rejoins as a
-        follower (``cell_state`` healed). The caller forms a new quorum afterwards."""
+        follower (``cell_state`` healed). The caller forms a new quorum afterwards.
+
+        Raises:
+            GetTimeoutError, RayActorError: the new cell or ``source`` did not take part in
+                time; ``cell_id`` stays lost.
+        """
         try:
             ray.kill(self._cells[cell_id].actor, no_restart=True)  # a frozen zombie must die
         except Exception:  # noqa: BLE001 - it may be gone already
             pass
         actor = self._create_cell(self.config, cell_id)
-        ray.get(actor.set_state.remote(self._cells[source].actor.get_state.remote()))
+        state = self._cells[source].actor.get_state.remote()
+        self._all_or_raise({cell_id: actor.set_state.remote(state)},
+                           self.policy.transfer_timeout_s + self.policy.actor_start_timeout_s)
         self._cells[cell_id] = _Cell(cell_id, actor, alive=True)
-        self.record_state(cell_id, "healed")
+        self.record_state(cell_id, CellState.HEALED)
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
-        """Every alive cell loads ``path``; returns the checkpoint's summary."""
-        summaries = ray.get(
-            [self._cells[c].actor.load_checkpoint.remote(path) for c in self.alive_ids()]
-        )
-        return summaries[0]
+        """Every alive cell loads ``path``; returns the checkpoint's summary.
+
+        Raises:
+            GetTimeoutError: a cell did not load it within the policy's transfer timeout.
+            RayTaskError: a cell could not read it.
+        """
+        alive = self.alive_ids()
+        results = self._all_or_raise(
+            {c: self._cells[c].actor.load_checkpoint.remote(path) for c in alive},
+            self.policy.transfer_timeout_s)
+        return results[alive[0]]
 
     def stop(self) -> None:
         """Record every alive cell stopped and release the actors."""
         for cell_id in self.alive_ids():
-            self.record_state(cell_id, "stopped")
+            self.record_state(cell_id, CellState.STOPPED)
         for cell in self._cells.values():
             try:
                 ray.kill(cell.actor, no_restart=True)

@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 from orchestrator.config import RunConfig
-from orchestrator.control.errors import StartupError
+from orchestrator.errors import StartupError
 
 __all__ = ["actor_device", "actor_dtype", "asks_for_gpus", "cell_device_options", "cluster_gpus",
            "default_gpu_share", "gpu_options", "gpus_of", "resolve_devices"]

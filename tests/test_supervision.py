@@ -1,0 +1,130 @@
+"""The supervision facade on a real Ray cluster: the step boundary, a frozen engine replaced,
+the rollout manager replaced mid-drain from the ledger's prompt account, and the publisher
+handing restarted engines over with explicit collaborators."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+import ray
+
+from ledger import Ledger
+from ledger.run_layout import RunLayout
+from orchestrator.config import RunConfig
+from orchestrator.control.provenance_recorder import ProvenanceRecorder
+from orchestrator.control.publisher import Publisher
+from orchestrator.control.supervision import FailurePolicy, Supervisor
+from orchestrator.metric_keys import metric_key
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+RUN = "supervised"
+# Short bounds, so a frozen engine is declared dead in seconds (a node probe needs a few).
+POLICY = FailurePolicy(heartbeat_timeout_s=5.0, step_grace_s=1.0, probe_grace_s=1.0)
+
+
+@pytest.fixture
+def ledger(sqlite_url: str) -> Iterator[Ledger]:
+    with Ledger.open(sqlite_url) as opened:
+        opened.start_run(RUN)
+        yield opened
+
+
+@pytest.fixture
+def supervisor(ledger: Ledger, sqlite_url: str, tmp_path) -> Iterator[Supervisor]:
+    config = RunConfig(run_id=RUN, db=sqlite_url, num_cells=2, num_engines=2,
+                       rollout_batch_size=4, n_samples_per_prompt=4,
+                       heartbeat_timeout_s=POLICY.heartbeat_timeout_s)
+    supervisor = Supervisor(config, ledger, RunLayout(tmp_path), policy=POLICY)
+    supervisor.start_engines()
+    supervisor.start_cells()
+    supervisor.ensure_publisher(reason="start")
+    supervisor.start_manager()
+    yield supervisor
+    supervisor.stop()
+
+
+@contextlib.contextmanager
+def frozen(actor) -> Iterator[int]:
+    """SIGSTOP the actor's process for the block (SIGCONT after, if it still exists)."""
+    pid = ray.get(actor.pid.remote())
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def drain(supervisor: Supervisor, step: int):
+    return supervisor.await_drain(supervisor.request_drain(step))
+
+
+def test_a_frozen_engine_is_replaced_at_the_step_boundary_and_gets_the_next_update(
+    supervisor: Supervisor,
+):
+    publisher = Publisher.of(supervisor)
+    assert publisher.publish_weights().version == 1
+    batch = drain(supervisor, 0)
+    old = supervisor.engines["engine-0"]
+
+    with frozen(old):
+        supervisor.begin_step(batch)  # the probe reaches a stopped process
+        metrics = supervisor.train_step(batch.samples)  # a probe timeout counts as a death
+
+    assert "loss" in metrics
+    assert supervisor.counters.engine_restarts == 1
+    assert supervisor.engines["engine-0"] is not old
+    assert supervisor.engines_awaiting_weights  # the loop must publish now
+    assert publisher.publish_weights().version == 2
+    assert not supervisor.engines_awaiting_weights  # handed over to the manager
+    assert ray.get(supervisor.engines["engine-0"].health.remote())["version"] == 2
+    assert ray.get(supervisor.manager.get_weight_version.remote()) == 2
+    assert supervisor.end_step() == []  # no cell was lost
+
+
+def test_a_killed_follower_is_failed_over_at_begin_step_and_healed_at_end_step(
+    supervisor: Supervisor, ledger: Ledger,
+):
+    batch = drain(supervisor, 0)
+    os.kill(ray.get(supervisor.cells.actor("cell-1").pid.remote()), signal.SIGKILL)
+
+    supervisor.begin_step(batch)
+    assert supervisor.cells.alive_ids() == ["cell-0"]
+    supervisor.train_step(batch.samples)
+    assert supervisor.end_step() == ["cell-1"]
+
+    assert supervisor.cells.alive_ids() == ["cell-0", "cell-1"]
+    assert supervisor.counters.heals == 1
+    assert ledger.head(RUN).publisher_cell == "cell-0"  # a follower died: no promotion
+
+
+def test_a_manager_killed_mid_drain_is_replaced_from_the_ledgers_prompt_account(
+    supervisor: Supervisor, ledger: Ledger,
+):
+    first = drain(supervisor, 0)
+    dropped, next_index = supervisor.call_manager(lambda m: m.provenance_snapshot.remote())
+    ProvenanceRecorder(ledger, RUN).record(
+        1, first, trainer_version=0, produced_version=None, cells=["cell-0", "cell-1"],
+        drain_version=int(first.metrics[metric_key("weight_version")]),
+        dropped_prompts=dropped, next_index=next_index, recycled=0)
+    trained = {group[0].group_index for group in first.samples}
+    held_batch = drain(supervisor, 1)
+    supervisor.begin_step(held_batch)  # the driver holds these prompts now
+    held = {group[0].group_index for group in held_batch.samples}
+
+    pending = supervisor.request_drain(2)
+    ray.kill(supervisor.manager, no_restart=True)
+    replacement_batch = supervisor.await_drain(pending)
+
+    assert supervisor.counters.manager_replacements == 1
+    assert len(replacement_batch.samples) == 4
+    regenerated = {group[0].group_index for group in replacement_batch.samples}
+    assert not regenerated & trained  # nothing on record as trained comes back
+    assert not regenerated & held  # nor what the driver holds
+    states = ray.get(supervisor.manager.prompt_states.remote())
+    assert not (trained | held) & {i for i, s in states.items() if s != "trained"}
