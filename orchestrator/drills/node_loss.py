@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from ledger import EventKind
+from orchestrator.control.supervision.cell_group import CellState
 from orchestrator.drills.checker import DrillRunState, first_commit_after
 from orchestrator.drills.context import DrillContext, DrillError
 from orchestrator.drills.scenarios import Scenario
@@ -86,7 +87,7 @@ def _expect_node_recovered(ctx: DrillContext, job: TrainingJob | None,
         problems.append(f"first version after the node loss is v{commit.version}, expected "
                         f"v{ctx.record.version_before + 1}")
     healed = [e for e in ctx.ledger.events(ctx.run_id, start_seq=ctx.record.seq_at_fault + 1)
-              if e.kind == EventKind.CELL_STATE and e.payload.get("state") == "healed"
+              if e.kind == EventKind.CELL_STATE and e.payload.get("state") == CellState.HEALED
               and e.cell_id == cell]
     if not healed:
         problems.append(f"cell {cell} was never healed")

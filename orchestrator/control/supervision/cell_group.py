@@ -115,7 +115,7 @@ class CellGroup:
             cell_id = f"cell-{index}"
             self._cells[cell_id] = _Cell(cell_id, self._create_cell(self.config, cell_id))
         calls = {cell_id: cell.actor.pid.remote() for cell_id, cell in self._cells.items()}
-        self._all_or_raise(calls, self.policy.actor_start_timeout_s)
+        self._all_or_raise(calls, self.policy.first_start_timeout_s)
         for cell_id in self._cells:
             self.record_state(cell_id, CellState.ALIVE)
 

@@ -22,7 +22,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from orchestrator.config import RunConfig
 from orchestrator.control.supervision.counters import SupervisionCounters
 from orchestrator.control.supervision.failure_policy import FailurePolicy, RestartBudget
-from orchestrator.errors import SupervisionLimitError
+from orchestrator.errors import StartupError, SupervisionLimitError
 
 __all__ = ["EngineFactory", "EngineRestarts"]
 
@@ -54,11 +54,14 @@ class EngineRestarts:
         """Create ``num_engines`` engines and wait until each answers.
 
         Raises:
-            SupervisionLimitError: an engine did not answer within ``actor_start_timeout_s``.
+            StartupError: an engine did not answer within ``first_start_timeout_s``.
         """
         self.engines = {f"engine-{i}": self._create_engine(self.config, f"engine-{i}")
                         for i in range(self.config.num_engines)}
-        self._await_started(list(self.engines))
+        silent = self._silent_after_start(list(self.engines), self.policy.first_start_timeout_s)
+        if silent:
+            raise StartupError(f"engines {silent} did not start within "
+                               f"{self.policy.first_start_timeout_s:g}s")
 
     @property
     def awaiting_weights(self) -> list[str]:
@@ -86,7 +89,10 @@ class EngineRestarts:
                 ray.kill(self.engines[engine_id], no_restart=True)
             self.engines[engine_id] = self._create_engine(self.config, engine_id)
         if dead:
-            self._await_started(dead)
+            silent = self._silent_after_start(dead, self.policy.actor_start_timeout_s)
+            if silent:
+                raise SupervisionLimitError(f"replacement engines {silent} did not start "
+                                            f"within {self.policy.actor_start_timeout_s:g}s")
             self._counters.engine_restarts += len(dead)
             self._awaiting_weights += dead
         return dead
@@ -123,12 +129,10 @@ class EngineRestarts:
                 dead.append(engine_id)
         return dead
 
-    def _await_started(self, engine_ids: list[str]) -> None:
+    def _silent_after_start(self, engine_ids: list[str], timeout: float) -> list[str]:
+        """The engines of ``engine_ids`` whose health gave no answer within ``timeout``
+        (an engine that died starting raises its Ray error)."""
         refs = [self.engines[engine_id].health.remote() for engine_id in engine_ids]
-        ready, _ = ray.wait(refs, num_returns=len(refs),
-                            timeout=self.policy.actor_start_timeout_s)
-        if len(ready) < len(refs):
-            silent = [e for e, ref in zip(engine_ids, refs) if ref not in ready]
-            raise SupervisionLimitError(f"engines {silent} did not start within "
-                                        f"{self.policy.actor_start_timeout_s:g}s")
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
         ray.get(ready)
+        return [e for e, ref in zip(engine_ids, refs) if ref not in ready]

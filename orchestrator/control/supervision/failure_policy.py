@@ -14,6 +14,8 @@ declared once and nothing else retries or restarts:
   wait on an actor is bounded by it (:attr:`step_timeout_s` for calls that compute,
   :attr:`probe_timeout_s` for an engine's health probe, :attr:`transfer_timeout_s` for
   copying a cell's state).
+- ``first_start_timeout_s``: how long the run's first cells and engines may take to answer
+  (a first start may load a model and compile kernels).
 - ``actor_start_timeout_s``: how long a replacement actor may take to start on the node it
   was placed on; one that dies or does not start in time is placed again on another node, at
   most ``max_attempts`` times (a node that is dying is probed for ``heartbeat_timeout_s``).
@@ -53,6 +55,7 @@ class FailurePolicy:
     manager_call_timeout_s: float = 60.0
     actor_start_timeout_s: float = 180.0
     probe_grace_s: float = 30.0
+    first_start_timeout_s: float = 900.0
 
     @classmethod
     def from_config(cls, config: RunConfig) -> FailurePolicy:

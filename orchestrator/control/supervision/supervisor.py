@@ -170,10 +170,6 @@ class Supervisor:
         """Heal lost cells now (:meth:`CellFailover.heal`); returns their ids."""
         return self.failover.heal()
 
-    def restart_dead_engines(self) -> list[str]:
-        """Probe the engines and replace the dead or frozen ones now; returns their ids."""
-        return self.engine_restarts.restart_dead()
-
     def call_manager(self, call: ManagerCall, timeout: float | None = None) -> Any:
         """A bounded call on the rollout manager, replacing it once if it died."""
         return self.manager_watch.call(call, timeout)
