@@ -4,7 +4,7 @@
 
 Without a CUDA device it prints one line and exits 0 (nothing is run). With one, in order:
 
-1. the ``gpu``-marked tests (``tests/test_gpu.py``): placement on the GPU, a 2-cell quorum
+1. the ``gpu``-marked tests (``tests/actors/test_gpu.py``): placement on the GPU, a 2-cell quorum
    (NCCL with a GPU per cell, gloo when they share one), a CUDA IPC weight transfer whose
    log-probs match the trainer's, a CUDA <-> CPU checkpoint round trip;
 2. a phased weight update on the GPU (a CUDA cell, two CUDA engines sharing its GPU), once per
@@ -41,7 +41,7 @@ def _plan(quick: bool, runs_dir: Path) -> list[tuple[str, list[str], float]]:
     """``(name, command, timeout_s)`` of every subprocess step, in order."""
     steps = 8 if quick else 20
     tests = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-x", "-p", "no:cacheprovider",
-             "tests/test_gpu.py"]
+             "tests/actors/test_gpu.py"]
     plan = [("gpu tests", tests, 150.0)]
     for mode in ("async",) if quick else ("async", "sync"):
         run = [str(BIN / "orchestrator"), "run", "--device", "cuda", "--engine", "vllm",

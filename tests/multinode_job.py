@@ -1,4 +1,4 @@
-"""A short run on a local multi-node Ray cluster, in its own process (tests/test_multinode.py).
+"""A short run on a local multi-node Ray cluster, in its own process (tests/e2e/test_multinode.py).
 
 ``python -m tests.multinode_job LEDGER_URL RUNS_DIR [--workers N] [--remove-after STEP]``:
 

@@ -1,5 +1,6 @@
-"""The layout rules of DESIGN section 2, checked on the source: package arrows, no import
-circles (lazy and TYPE_CHECKING imports count), module and folder sizes."""
+"""The layout rules of DESIGN section 2 (docs/DESIGN.md), checked on the source: package
+arrows, no import circles (lazy and TYPE_CHECKING imports count), module and folder sizes, and
+event kinds spelled only through ``EventKind``. The project's one architecture checker."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from ledger.events import EventKind
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ledger", "orchestrator", "actors")
-MAX_MODULE_LINES = 450  # "no module over ~400 lines"
+MAX_MODULE_LINES = 400  # DESIGN section 2: "no module over 400 lines"
 MAX_MODULES_PER_FOLDER = 12  # "no folder with more than ~10 modules"
 
 
@@ -139,3 +142,16 @@ def test_no_folder_holds_more_than_about_ten_modules() -> None:
     crowded = {str(f.relative_to(ROOT)): n for f, n in folders.items()
                if n > MAX_MODULES_PER_FOLDER}
     assert crowded == {}
+
+
+def test_event_kinds_are_spelled_through_event_kind_only() -> None:
+    """A kind written as a bare string in the ledger drifts from the enum unnoticed."""
+    kinds = {kind.value for kind in EventKind}
+    named = [
+        f"{name}:{node.lineno}: {node.value!r}"
+        for name, path in MODULES.items()
+        if name.startswith("ledger") and name != "ledger.events"  # where EventKind spells them
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and node.value in kinds
+    ]
+    assert named == []

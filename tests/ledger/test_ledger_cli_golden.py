@@ -3,7 +3,7 @@
 The scenario (tests/cli_scenario.py) runs with a frozen clock and explicit idempotency keys, so
 timestamps and hashes are the same on every machine; COLUMNS=120 fixes the table width; the
 temporary directory is replaced by ``<TMP>``. Regenerate after an intended change with
-``UPDATE_GOLDEN=1 pytest tests/test_ledger_cli_golden.py`` and review the diff.
+``UPDATE_GOLDEN=1 pytest tests/ledger/test_ledger_cli_golden.py`` and review the diff.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ledger import Ledger
 from ledger.cli.app import app
 from tests.cli_scenario import LINEAGE_START, build_lineage_run, build_run, frozen_clock
 
-GOLDEN = Path(__file__).parent / "golden" / "cli"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "cli"
 
 CASES: dict[str, list[str]] = {
     "runs": ["runs"],

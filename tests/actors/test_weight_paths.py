@@ -1,6 +1,6 @@
 """Which path a publish takes (issue 21): the object store, or CUDA IPC when the publisher and
 every engine share one GPU; and how vLLM is started on each device. The CUDA IPC transfer
-itself needs a GPU (``tests/test_gpu.py``); here: the selection, and that the object-store
+itself needs a GPU (``tests/actors/test_gpu.py``); here: the selection, and that the object-store
 path, which every CPU run takes, is unchanged."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from orchestrator.control.driver import JobOptions, run_job
 from orchestrator.errors import StartupError
 from orchestrator.control.task_setup import RewardErrorLimitError
 from tests.task_fixtures import addition_rows, make_tokenizer, write_jsonl, write_parquet
-from tests.test_orchestrator_cli import assert_one_line_error, run_cli
+from tests.control.test_orchestrator_cli import assert_one_line_error, run_cli
 
 ROWS = 24
 

@@ -13,7 +13,7 @@ import pytest
 
 from ledger import Ledger
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ORCHESTRATOR = Path(sys.executable).parent / "orchestrator"
 
 

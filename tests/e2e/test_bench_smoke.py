@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def run_quick(script: str, timeout: float) -> str:

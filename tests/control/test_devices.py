@@ -4,7 +4,7 @@ dtype handling, and a checkpoint written on CUDA that resumes on CPU.
 
 Nothing here needs a GPU: a Ray cluster can declare logical GPUs (``ray.init(num_gpus=2)``),
 which is all resolution and placement read; what needs a real CUDA device is in
-``tests/test_gpu.py`` (skipped without one).
+``tests/actors/test_gpu.py`` (skipped without one).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from orchestrator.control import launch
 from orchestrator.control.placement import devices
 from orchestrator.errors import StartupError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config(**fields) -> RunConfig:

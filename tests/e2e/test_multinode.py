@@ -26,7 +26,7 @@ import pytest
 
 from ledger import EventKind, Ledger
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 USE_POSTGRES = "use a PostgreSQL URL reachable from every node"
 
 

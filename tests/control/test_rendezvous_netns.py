@@ -24,7 +24,7 @@ import pytest
 
 from actors.gradient_group import create_rendezvous_store, routable_address
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SUBNET = "10.231.{}.{}"
 
 
