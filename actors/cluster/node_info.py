@@ -11,7 +11,7 @@ from typing import Any
 
 import ray
 
-__all__ = ["EngineNodes", "node_and_host", "node_fields"]
+__all__ = ["EngineNodes", "node_and_host", "node_fields", "this_node_id"]
 
 logger = logging.getLogger(__name__)
 
@@ -20,6 +20,11 @@ def node_and_host() -> tuple[str, str]:
     """``(node_id, host)`` of the Ray node this process runs on. Precondition: Ray is
     initialised in this process (a driver or a worker)."""
     return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
+
+def this_node_id() -> str:
+    """The id of the Ray node this process runs on (see :func:`node_and_host`)."""
+    return node_and_host()[0]
 
 
 def node_fields() -> dict[str, str]:

@@ -292,11 +292,12 @@ def create_rollout_manager(config: RunConfig, ledger_url: str, run_id: str,
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from actors.cluster.node_info import this_node_id
     from orchestrator.control.engine_pool.ray_pool import RayEnginePool
     from orchestrator.rollout.manager import RolloutManager
 
     make_prompt = run_task(config).make_prompt
-    driver_node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(),
+    driver_node = NodeAffinitySchedulingStrategy(this_node_id(),
                                                  soft=True)
     options = {"num_cpus": MANAGER_CPUS,
                "scheduling_strategy": scheduling_strategy or driver_node}

@@ -49,6 +49,7 @@ from ray.util.scheduling_strategies import (
     PlacementGroupSchedulingStrategy,
 )
 
+from actors.cluster.node_info import this_node_id
 from orchestrator.config import RunConfig
 from orchestrator.control import launch
 from orchestrator.control.placement.nodes import NodeInfo, actor_node, live_nodes, probe_node
@@ -313,7 +314,7 @@ def start_on_a_live_node(create: Callable[[Any], Any], cpus: float, policy: Fail
     Raises:
         SupervisionLimitError: no live node took it.
     """
-    here = ray.get_runtime_context().get_node_id()
+    here = this_node_id()
     nodes = sorted((node for node in live_nodes() if node.cpus >= cpus),
                    key=lambda node: node.node_id != here)
     failures: list[str] = []
