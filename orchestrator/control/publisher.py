@@ -111,12 +111,9 @@ class Publisher:
             logger.warning("%s; restarting dead engines and publishing again", exc)
             self._engines.restart_dead()
             raise RetryableFailure(exc) from exc
-        except PublisherLostError as lost:
-            self._lose(lost)
-            raise RetryableFailure(lost.cause) from lost.cause
-        except FencedError as exc:
-            self._failover.ensure_publisher(refresh=True)
-            raise RetryableFailure(exc) from exc
+        except (PublisherLostError, FencedError) as exc:
+            failure = self._sorted_out(exc)
+            raise failure from failure.cause
 
     def try_publish(self) -> PublishOutcome:
         """ONE attempt of :meth:`publish_weights`, without retries or hand-over (tests and
@@ -149,12 +146,18 @@ class Publisher:
         try:
             return self._call(cell_id, self._cells.actor(cell_id).save_checkpoint.remote(
                 str(path), epoch))
-        except PublisherLostError as lost:
-            self._lose(lost)
-            raise RetryableFailure(lost.cause) from lost.cause
-        except FencedError as exc:
-            self._failover.ensure_publisher(refresh=True)
-            raise RetryableFailure(exc) from exc
+        except (PublisherLostError, FencedError) as exc:
+            failure = self._sorted_out(exc)
+            raise failure from failure.cause
+
+    def _sorted_out(self, exc: PublisherLostError | FencedError) -> RetryableFailure:
+        """Sort out a lost publisher (lose it) or a fenced one (promote afresh); returns the
+        failure :meth:`FailurePolicy.run` retries."""
+        if isinstance(exc, PublisherLostError):
+            self._lose(exc)
+            return RetryableFailure(exc.cause)
+        self._failover.ensure_publisher(refresh=True)
+        return RetryableFailure(exc)
 
     def _call(self, cell_id: str, call: Any) -> Any:
         """Wait for the publisher's ``call`` (bounded); raise what its failure means."""
