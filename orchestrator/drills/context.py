@@ -13,6 +13,7 @@ The plain data a drill declares (:class:`FaultPlan`) and what its faults really 
 
 from __future__ import annotations
 
+import enum
 import random
 import threading
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from orchestrator.control.hooks import JobHooks
 
 __all__ = [
+    "DrillPoint",
     "DrillContext",
     "DrillError",
     "FaultPlan",
@@ -46,6 +48,22 @@ class StopRun(OrchestratorError):
     """
 
 
+class DrillPoint(enum.StrEnum):
+    """Where in a job a drill's fault lands (the values are what ``--point`` and the ledger's
+    ``fault_injected`` spell)."""
+
+    MID_TRAIN = "mid-train"
+    MID_TRANSFER = "mid-transfer"
+    BEFORE_COMMIT = "before-commit"
+    BEFORE_STAMP = "before-stamp"
+    FROZEN = "frozen"
+    BETWEEN_STEPS = "between-steps"
+    BETWEEN_COMMIT_AND_STAMP = "between-commit-and-stamp"
+    MID_DRAIN = "mid-drain"
+    AFTER_PROMOTION = "after-promotion"
+    STOP = "stop"
+
+
 @dataclass(frozen=True)
 class FaultPlan:
     """The declared schedule of one drill.
@@ -57,9 +75,12 @@ class FaultPlan:
 
     scenario: str
     step: int
-    point: str
+    point: DrillPoint
     delay_s: float = 0.0
     hold_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "point", DrillPoint(self.point))  # a spelled point is parsed
 
 
 def utcnow_naive() -> datetime:

@@ -39,7 +39,7 @@ from orchestrator.metric_keys import metric_key
 from orchestrator.config import RunConfig
 from orchestrator.control.hooks import JobHooks
 from orchestrator.control.provenance_recorder import prompt_ledger
-from orchestrator.drills.context import DrillContext, utcnow_naive
+from orchestrator.drills.context import DrillContext, DrillPoint, utcnow_naive
 from orchestrator.drills.faults import actor_pid, arm_update_stop, publisher_of, wait_stopped
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CRASH_POINTS", "CrashHooks", "expect_prompts_once", "run_whole_job_crash"]
 
-CRASH_POINTS = ("between-commit-and-stamp", "mid-drain")
+CRASH_POINTS = (DrillPoint.BETWEEN_COMMIT_AND_STAMP, DrillPoint.MID_DRAIN)
 _MID_DRAIN_DELAY_S = 0.05
 
 
@@ -62,7 +62,7 @@ class CrashHooks(JobHooks):
     def on_step_end(self, job: TrainingJob, step: int) -> None:
         if step != self.step:
             return
-        if self.point == "mid-drain":
+        if self.point == DrillPoint.MID_DRAIN:
             threading.Thread(target=self._die_soon, args=(job,), daemon=True).start()
         else:
             self._armed = True  # the next publish

@@ -26,7 +26,7 @@ import ray
 from ledger import EventKind
 from orchestrator.control.supervision.cell_group import CellState
 from orchestrator.drills.checker import DrillRunState, first_commit_after
-from orchestrator.drills.context import DrillContext, DrillError
+from orchestrator.drills.context import DrillContext, DrillError, DrillPoint
 from orchestrator.drills.scenarios import Scenario
 
 if TYPE_CHECKING:
@@ -120,6 +120,7 @@ def _expect_engines_replaced(job: TrainingJob, state: DrillRunState,
 
 
 NODE_SCENARIOS: dict[str, Scenario] = {
-    "kill-node": Scenario("kill-node", ("between-steps",), (1, 2, 3), remove_publisher_node,
+    "kill-node": Scenario("kill-node", (DrillPoint.BETWEEN_STEPS,), (1, 2, 3),
+                          remove_publisher_node,
                           _expect_node_recovered),
 }

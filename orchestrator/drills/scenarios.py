@@ -25,6 +25,7 @@ from actors.publishing.sequence import UpdatePoint
 from ledger import FencedError
 from orchestrator.drills.checker import DrillRunState, first_commit_after
 from orchestrator.drills.context import DrillContext, StopRun, error_name
+from orchestrator.drills.context import DrillPoint as Point
 from orchestrator.drills.crash import CRASH_POINTS, expect_prompts_once
 from orchestrator.drills.faults import (
     KillAtUpdatePoint,
@@ -63,16 +64,16 @@ class Scenario:
 # ------------------------------------------------------------------------ publisher deaths
 
 # A drill point inside a weight update -> the named point of THE update sequence it kills at.
-UPDATE_KILL_POINTS: dict[str, UpdatePoint] = {
-    "mid-transfer": UpdatePoint.MID_TRANSFER,
-    "before-commit": UpdatePoint.AFTER_TRANSFER,
-    "before-stamp": UpdatePoint.AFTER_COMMIT,
+UPDATE_KILL_POINTS: dict[Point, UpdatePoint] = {
+    Point.MID_TRANSFER: UpdatePoint.MID_TRANSFER,
+    Point.BEFORE_COMMIT: UpdatePoint.AFTER_TRANSFER,
+    Point.BEFORE_STAMP: UpdatePoint.AFTER_COMMIT,
 }
 
 
 def _kill_publisher(ctx: DrillContext, job: TrainingJob) -> None:
     """Arm the kill that lands at the planned point of the next step."""
-    if ctx.plan.point == "mid-train":
+    if ctx.plan.point == Point.MID_TRAIN:
         ctx.arm(MidTrainKill(ctx, publisher_of(job)))
     else:
         ctx.arm(KillAtUpdatePoint(ctx, UPDATE_KILL_POINTS[ctx.plan.point]))
@@ -84,7 +85,7 @@ def _expect_failover(ctx: DrillContext, job: TrainingJob | None,
     detail = ctx.record.detail
     if not detail.get("during_train_step", True):
         problems.append("the kill landed after the training step, not during it")
-    if ctx.plan.point == "before-stamp":
+    if ctx.plan.point == Point.BEFORE_STAMP:
         committed = detail.get("committed")
         if committed not in state.unstamped_versions:
             problems.append(f"v{committed} (committed, never stamped) is not audited unstamped")
@@ -335,27 +336,28 @@ def _expect_crash_recovered(ctx: DrillContext, job: TrainingJob | None,
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s for s in (
-        Scenario("kill-publisher-mid-train", ("mid-train",), (1, 2, 3), _kill_publisher,
+        Scenario("kill-publisher-mid-train", (Point.MID_TRAIN,), (1, 2, 3), _kill_publisher,
                  _expect_failover),
-        Scenario("kill-publisher-mid-transfer", ("mid-transfer", "before-commit"), (1, 2, 3),
+        Scenario("kill-publisher-mid-transfer", (Point.MID_TRANSFER, Point.BEFORE_COMMIT),
+                 (1, 2, 3), _kill_publisher, _expect_failover),
+        Scenario("kill-publisher-after-commit", (Point.BEFORE_STAMP,), (1, 2, 3),
                  _kill_publisher, _expect_failover),
-        Scenario("kill-publisher-after-commit", ("before-stamp",), (1, 2, 3), _kill_publisher,
-                 _expect_failover),
-        Scenario("zombie-publisher", ("frozen",), (1, 2, 3), _zombie_publisher,
+        Scenario("zombie-publisher", (Point.FROZEN,), (1, 2, 3), _zombie_publisher,
                  _expect_fenced),
-        Scenario("double-failover", ("after-promotion",), (1, 2, 3), _double_failover,
+        Scenario("double-failover", (Point.AFTER_PROMOTION,), (1, 2, 3), _double_failover,
                  _expect_double_failover, num_cells=3),
-        Scenario("kill-follower", ("between-steps",), (1, 2, 3), _kill_follower,
+        Scenario("kill-follower", (Point.BETWEEN_STEPS,), (1, 2, 3), _kill_follower,
                  _expect_follower_healed),
-        Scenario("kill-engine", ("between-steps",), (1, 2, 3), _kill_engine,
+        Scenario("kill-engine", (Point.BETWEEN_STEPS,), (1, 2, 3), _kill_engine,
                  _expect_engine_replaced),
-        Scenario("kill-rollout-manager", ("between-steps",), (1, 2, 3), _kill_rollout_manager,
-                 _expect_manager_replaced),
-        Scenario("database-outage", ("between-steps",), (1, 2, 3), _database_outage,
+        Scenario("kill-rollout-manager", (Point.BETWEEN_STEPS,), (1, 2, 3),
+                 _kill_rollout_manager, _expect_manager_replaced),
+        Scenario("database-outage", (Point.BETWEEN_STEPS,), (1, 2, 3), _database_outage,
                  _expect_writes_resumed),
         # Stop after an odd step count, so the newest checkpoint (every 2 steps) is older
         # than the head.
-        Scenario("resume-from-old-checkpoint", ("stop",), (2, 4), _stop_run, _expect_resumed),
+        Scenario("resume-from-old-checkpoint", (Point.STOP,), (2, 4), _stop_run,
+                 _expect_resumed),
         Scenario("kill-driver", CRASH_POINTS, (1, 2, 3), _crash_in_child, _expect_crash_recovered,
                  crash="driver"),
         Scenario("kill-everything", CRASH_POINTS, (1, 2, 3), _crash_in_child,
