@@ -103,7 +103,7 @@ def bulk_rows(ledger: Ledger, run_id: str, first: int, last: int, epoch: int,
                     events.append({
                         "run_id": run_id, "seq": seq, "kind": event_kind.value,
                         "version": row_version, "cell_id": cell, "epoch": event_epoch,
-                        "idempotency_key": key, "payload": clean, "prev_hash": prev,
+                        "idempotency_key": key, "payload": clean,
                         "hash": digest, "recorded_at": recorded_at,
                         "train_step": clean.get("train_step")})
                     if event_kind is EventKind.BATCH_TRAINED:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GENESIS_HASH",
+    "UNKNOWN_PREV_HASH",
     "PUBLISHER_KINDS",
     "Event",
     "EventKind",
@@ -29,6 +30,9 @@ __all__ = [
 ]
 
 GENESIS_HASH = "0" * 64
+# The prev_hash a reader gives an event whose predecessor row is missing (a gap in seq): the
+# chain cannot be followed into it, and the audit reports the break instead of judging the hash.
+UNKNOWN_PREV_HASH = ""
 
 
 class EventKind(enum.StrEnum):

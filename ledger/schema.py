@@ -1,4 +1,5 @@
-"""The ledger's tables. Alembic migrations create them; this metadata is what they must equal.
+"""The ledger's tables, and how an event's hash and time are stored. Alembic migrations create
+them; this metadata is what they must equal.
 
 ``seq`` and ``version`` are plain integers assigned under the head-row lock (see
 ``ledger.store.append.lock_head``), never sequences or autoincrement: those leave gaps on rollback
@@ -7,17 +8,98 @@ and can become visible out of commit order.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+from typing import Any
+
 import sqlalchemy as sa
 
 __all__ = [
+    "Digest",
+    "UtcTimestamp",
     "audit_checkpoints",
+    "digest_hex",
     "ledger_events",
     "metadata",
+    "micros_since_epoch",
     "projection_snapshots",
     "run_heads",
     "runs",
+    "time_from_stored",
     "version_uses",
 ]
+
+# How an event's hash and time are stored (since revision 0004, issue 22: a run writes four
+# rows a step for hundreds of thousands of steps, so each row's bytes add up). A digest is 64 hex
+# characters in Python (the chain, witnesses, CLI) and its 32 bytes in the database; a naive UTC
+# time is integer microseconds since the epoch on SQLite (whose DATETIME is 26 characters of
+# text) and the native 8-byte timestamp on PostgreSQL. Both round-trip exactly, as the hash
+# needs. The raw-SQL readers decode with digest_hex and time_from_stored.
+_EPOCH = datetime(1970, 1, 1)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def micros_since_epoch(moment: datetime) -> int:
+    """A naive UTC time as whole microseconds since 1970-01-01 (exact)."""
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+def time_from_stored(value: Any) -> datetime:
+    """A stored event time as a naive UTC datetime: SQLite's integer microseconds, a driver's
+    datetime, or ISO text (what a row written by hand may hold).
+
+    Raises:
+        ValueError, TypeError: anything else.
+    """
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _EPOCH + timedelta(microseconds=value)
+    if isinstance(value, str):
+        return datetime.fromisoformat(value)
+    raise TypeError(f"not a time: {value!r}")
+
+
+def digest_hex(value: Any) -> str:
+    """A stored digest as hex text: raw bytes (bytes or a driver's memoryview) are encoded;
+    text (a row written by hand) is returned as it is, for the audit to judge."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    return value
+
+
+class Digest(sa.types.TypeDecorator):
+    """A sha256 digest: hex text in Python, 32 raw bytes in the database."""
+
+    impl = sa.LargeBinary(32)
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: sa.Dialect) -> bytes | None:
+        return None if value is None else bytes.fromhex(value)
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> str | None:
+        return None if value is None else digest_hex(value)
+
+
+class UtcTimestamp(sa.types.TypeDecorator):
+    """A naive UTC datetime: integer microseconds since the epoch on SQLite, a native
+    timestamp on other backends."""
+
+    impl = sa.DateTime
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine:
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(sa.BigInteger())
+        return dialect.type_descriptor(sa.DateTime())
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> Any:
+        if value is None or dialect.name != "sqlite":
+            return value
+        return micros_since_epoch(value)
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> datetime | None:
+        return None if value is None else time_from_stored(value)
+
 
 metadata = sa.MetaData()
 
@@ -29,14 +111,17 @@ runs = sa.Table(
     sa.Column("config", sa.JSON(), nullable=False),
 )
 
+# Since revision 0004 the table is compact (issue 22): no stored prev_hash (it is the hash of
+# the row before, which readers join in), the hash as 32 raw bytes, the time as 8 bytes, the
+# one-commit-per-version rule as a partial index over commits only, and on SQLite no rowid (the
+# primary key is the table's own B-tree instead of a second index beside it).
 ledger_events = sa.Table(
     "ledger_events",
     metadata,
     sa.Column("run_id", sa.String(128), sa.ForeignKey("runs.run_id"), primary_key=True),
     sa.Column("seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
     sa.Column("kind", sa.String(64), nullable=False),
-    # Set on weight_committed rows only: NULLs never collide, so the unique constraint below
-    # is exactly "one commit per version per run" on both backends.
+    # Set on weight_committed rows only (see uq_ledger_events_version below).
     sa.Column("version", sa.BigInteger(), nullable=True),
     sa.Column("cell_id", sa.String(128), nullable=True),
     sa.Column("epoch", sa.BigInteger(), nullable=True),
@@ -44,19 +129,23 @@ ledger_events = sa.Table(
     # keyless event could be written twice by a retry.
     sa.Column("idempotency_key", sa.String(256), nullable=False),
     sa.Column("payload", sa.JSON(), nullable=False),
-    sa.Column("prev_hash", sa.String(64), nullable=False),
-    sa.Column("hash", sa.String(64), nullable=False),
-    sa.Column("recorded_at", sa.DateTime(), nullable=False),
+    sa.Column("hash", Digest(), nullable=False),
+    sa.Column("recorded_at", UtcTimestamp(), nullable=False),
     # Since revision 0003: the payload's train_step, copied out so that "the batch_trained of
     # step N" is one indexed lookup. Outside the hash (derived); verify checks it equals the
     # payload's.
     sa.Column("train_step", sa.BigInteger(), nullable=True),
     sa.UniqueConstraint("run_id", "idempotency_key", name="uq_ledger_events_idempotency"),
-    sa.UniqueConstraint("run_id", "version", name="uq_ledger_events_version"),
+    # One commit per version per run; partial, so the three events a step in four that carry
+    # no version take no index entry.
+    sa.Index("uq_ledger_events_version", "run_id", "version", unique=True,
+             sqlite_where=sa.text("version IS NOT NULL"),
+             postgresql_where=sa.text("version IS NOT NULL")),
     # Partial: only batch_trained rows are looked up by step (a quarter of the rows).
     sa.Index("ix_ledger_events_kind_step", "run_id", "kind", "train_step",
              sqlite_where=sa.text("kind = 'batch_trained'"),
              postgresql_where=sa.text("kind = 'batch_trained'")),
+    sqlite_with_rowid=False,
 )
 
 # Derived rows (revision 0003), written in the append's transaction and re-derived by verify:
@@ -70,6 +159,7 @@ version_uses = sa.Table(
     sa.Column("seq", sa.BigInteger(), primary_key=True),
     sa.Column("train_step", sa.BigInteger(), nullable=False),
     sa.Column("samples", sa.BigInteger(), nullable=False),
+    sqlite_with_rowid=False,  # since revision 0004: the key is the table
 )
 
 # Read-model snapshots (revision 0003): the run's progress (ledger.progress) folded up to seq,

@@ -149,10 +149,9 @@ def plant_event(
     version: int | None = None,
     idempotency_key: str | None = "",
     seq: int | None = None,
-    prev_hash: str | None = None,
     move_head: bool = True,
 ) -> int:
-    """Append a row with a *valid* hash (chained to the head row, or to ``prev_hash``),
+    """Append a row with a *valid* hash (chained to the head row),
     bypassing every check of the ledger; move the head row to it. Returns its seq.
 
     ``idempotency_key=""`` means ``planted:<seq>``; None plants a NULL key.
@@ -169,7 +168,7 @@ def plant_event(
                 sa.select(run_heads).where(run_heads.c.run_id == run_id)
             ).first()
             seq = seq if seq is not None else (head.last_seq + 1 if head else 1)
-            prev = prev_hash or (head.head_hash if head else GENESIS_HASH)
+            prev = head.head_hash if head else GENESIS_HASH
             key = f"planted:{seq}" if idempotency_key == "" else idempotency_key
             recorded_at = datetime(2026, 11, 29, 12, 0, 0)
             digest = event_hash(
@@ -180,7 +179,7 @@ def plant_event(
             step, uses = derived_rows(run_id, seq, kind, payload)
             conn.execute(ledger_events.insert().values(
                 run_id=run_id, seq=seq, kind=kind, version=version, cell_id=cell_id,
-                epoch=epoch, idempotency_key=key, payload=payload, prev_hash=prev,
+                epoch=epoch, idempotency_key=key, payload=payload,
                 hash=digest, recorded_at=recorded_at, train_step=step,
             ))
             if uses:

@@ -1,11 +1,12 @@
-"""The read commands a user runs most (``status``, ``lag``, ``show``, ``lineage``), parsed
-without building the typer app: typer, click and the pydantic typer imports for its own
-parameters are most of a command's start-up, and these answers take milliseconds.
+"""The read commands a user runs most (``status``, ``lag``, ``show``, ``lineage``, ``prompts``,
+``verify``), parsed without building the typer app: typer, click and the pydantic typer imports
+for its own parameters are most of a command's start-up, and these answers take milliseconds.
 
 :func:`run` accepts only the plain spellings (``--db``/``--run`` before or after the command,
-``-o``/``--output table|json``, the command's own ``--seq``/``--step`` and one VERSION); for
-anything else (help, a bad value, an option it does not know) it returns None and the typer
-app answers, so every error message and usage text stays the app's. The answer and its
+``-o``/``--output table|json``, the command's own ``--seq``/``--step``, one VERSION, and
+``verify --since-verified``); for anything else (help, a bad value, an option it does not
+know, ``verify --witness``) it returns None and the typer app answers, so every error message
+and usage text stays the app's. The answer and its
 rendering are the app's own functions (:mod:`ledger.cli.query`, :mod:`ledger.cli.render`),
 and a test checks both paths print the same bytes.
 """
@@ -21,12 +22,14 @@ from ledger.run_layout import LEDGER_DB_ENV
 
 __all__ = ["run"]
 
+EXIT_PROBLEMS = 1  # as the app's verify: the ledger has problems
 EXIT_ERROR = 2
 _GLOBAL = ("--db", "--run")
-# command -> (its own value option, whether it takes one VERSION argument)
-_COMMANDS: dict[str, tuple[str | None, bool]] = {
-    "status": (None, False), "lag": (None, False), "show": ("--seq", True),
-    "lineage": ("--step", True),
+# command -> (its own value option, whether it takes one VERSION argument, its own flags)
+_COMMANDS: dict[str, tuple[str | None, bool, tuple[str, ...]]] = {
+    "status": (None, False, ()), "lag": (None, False, ()), "show": ("--seq", True, ()),
+    "lineage": ("--step", True, ()), "prompts": (None, False, ()),
+    "verify": (None, False, ("--since-verified",)),
 }
 
 
@@ -41,7 +44,9 @@ def _parse(argv: list[str]) -> tuple[str, dict[str, str], dict[str, str]] | None
         allowed = _GLOBAL if command is None else (
             *_GLOBAL, "-o", "--output", *([_COMMANDS[command][0]] if _COMMANDS[command][0]
                                          else []))
-        if name in allowed and token.startswith("--") or token in ("-o",) and command:
+        if command is not None and token in _COMMANDS[command][2]:
+            options[1][token] = "true"
+        elif name in allowed and token.startswith("--") or token in ("-o",) and command:
             if not equals:
                 if not tokens:
                     return None
@@ -87,7 +92,7 @@ def run(argv: list[str]) -> int | None:
         print(f"ledger: error: {message}", file=sys.stderr)
         return EXIT_ERROR
     render(answer, output, sys.stdout)
-    return 0
+    return EXIT_PROBLEMS if command == "verify" and not answer["ok"] else 0
 
 
 def _module(name: str):
@@ -110,4 +115,9 @@ _ANSWERS: dict[str, Callable] = {
         _module("lineage_query").lineage(url, run_id, version=version,
                                          step=_int(own, "--step")),
         _module("render_lineage").print_lineage),
+    "prompts": lambda url, run_id, version, own: (
+        _module("lineage_query").prompts(url, run_id), _module("render_lineage").print_prompts),
+    "verify": lambda url, run_id, version, own: (
+        _module("query").verify(url, run_id, None, "--since-verified" in own),
+        _module("render").print_verify),
 }

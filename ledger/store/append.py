@@ -18,6 +18,7 @@ from ledger.errors import FencedError, IdempotencyConflictError, LedgerError
 from ledger.events import (
     GENESIS_HASH,
     PUBLISHER_KINDS,
+    UNKNOWN_PREV_HASH,
     Event,
     EventKind,
     Head,
@@ -27,6 +28,8 @@ from ledger.schema import ledger_events, run_heads, runs, version_uses
 
 __all__ = [
     "IDENTITY_PAYLOAD_KEYS",
+    "PREV_HASH",
+    "chained_prev_hash",
     "append_locked",
     "create_run_locked",
     "lock_head",
@@ -44,8 +47,30 @@ def _utcnow() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
+_PREVIOUS = ledger_events.alias("previous")
+# prev_hash is not stored (since revision 0004): it is the hash of the row before, selected
+# beside an event as this labelled column (NULL for seq 1, or when the row before is missing).
+PREV_HASH = (
+    sa.select(_PREVIOUS.c.hash)
+    .where(_PREVIOUS.c.run_id == ledger_events.c.run_id,
+           _PREVIOUS.c.seq == ledger_events.c.seq - 1)
+    .scalar_subquery()
+    .label("prev_hash")
+)
+
+
+def chained_prev_hash(seq: int, hash_before: str | None) -> str:
+    """The ``prev_hash`` of the event at ``seq``, given the hash of the row at ``seq - 1``
+    (None: no such row): the genesis hash for the first event, :data:`UNKNOWN_PREV_HASH` for
+    an event whose predecessor is missing (a gap the audit reports)."""
+    if seq == 1:
+        return GENESIS_HASH
+    return UNKNOWN_PREV_HASH if hash_before is None else hash_before
+
+
 def row_to_event(row: sa.Row) -> Event:
-    """An ``ledger_events`` row as an :class:`Event` (payload decoded if the driver did not).
+    """A ``ledger_events`` row selected with :data:`PREV_HASH` as an :class:`Event` (payload
+    decoded if the driver did not).
 
     Raises:
         ValueError: the payload is not JSON.
@@ -56,7 +81,7 @@ def row_to_event(row: sa.Row) -> Event:
         kind=row.kind,
         payload=row.payload if isinstance(row.payload, dict) else json.loads(row.payload),
         recorded_at=row.recorded_at,
-        prev_hash=row.prev_hash,
+        prev_hash=chained_prev_hash(row.seq, row.prev_hash),
         hash=row.hash,
         version=row.version,
         cell_id=row.cell_id,
@@ -168,7 +193,7 @@ def append_locked(
             epoch, or engines stamped ahead of the head.
     """
     existing = conn.execute(
-        sa.select(ledger_events).where(
+        sa.select(ledger_events, PREV_HASH).where(
             ledger_events.c.run_id == run_id,
             ledger_events.c.idempotency_key == idempotency_key,
         )
@@ -218,8 +243,7 @@ def append_locked(
         _INSERT_EVENT,
         {"run_id": run_id, "seq": seq, "kind": kind.value, "version": version,
          "cell_id": cell_id, "epoch": epoch, "idempotency_key": idempotency_key,
-         "payload": payload, "prev_hash": head.hash, "hash": digest,
-         "recorded_at": recorded_at,
+         "payload": payload, "hash": digest, "recorded_at": recorded_at,
          "train_step": train_step if isinstance(train_step, int) else None},
     )
     uses = [{"run_id": run_id, "version": int(used), "seq": seq, "train_step": train_step,

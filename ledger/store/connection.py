@@ -28,7 +28,6 @@ from urllib.parse import quote
 
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
 from ledger.errors import LedgerError, LedgerUnavailableError
 from ledger.events import compact_json
@@ -184,6 +183,10 @@ def run_with_retries(
         return operation(*args, **kwargs)
     except LedgerUnavailableError as exc:
         log.warning("ledger %s failed (%s); retrying", name, exc)
+    # Imported on the first retry: most processes never retry, and a CLI read pays for imports.
+    from tenacity import (Retrying, retry_if_exception_type, stop_after_delay,
+                          wait_exponential_jitter)
+
     retrying = Retrying(
         retry=retry_if_exception_type(LedgerUnavailableError),
         wait=wait_exponential_jitter(initial=0.05, max=2.0),

@@ -16,15 +16,17 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ledger.store.append import row_to_event
+from ledger.store.append import PREV_HASH, chained_prev_hash, row_to_event
 from ledger.errors import LedgerError, UnknownRunError
 from ledger.events import Event, Head, RunRecord
 from ledger.schema import (
     audit_checkpoints,
+    digest_hex,
     ledger_events,
     projection_snapshots,
     run_heads,
     runs,
+    time_from_stored,
     version_uses,
 )
 
@@ -102,8 +104,10 @@ def _record(
 
 # Event pages are read as plain text SQL, without SQLAlchemy's result processing: decoding
 # the time and the JSON here is several times cheaper per row, and verify reads every row.
+# prev_hash is not stored: a page's rows chain to each other, and its first to the row before
+# (read as the page's lead row).
 _EVENT_COLUMNS = ("run_id, seq, kind, version, cell_id, epoch, idempotency_key, payload, "
-                  "prev_hash, hash, recorded_at, train_step")
+                  "hash, recorded_at, train_step")
 _EVENT_PAGE = sa.text(
     f"SELECT {_EVENT_COLUMNS} FROM ledger_events WHERE run_id = :run_id AND seq >= :first "
     "AND seq <= :last ORDER BY seq LIMIT :limit"
@@ -116,23 +120,23 @@ _NO_END = 2**62
 _IS_BATCH = ledger_events.c.kind == sa.literal_column("'batch_trained'")
 
 
-def _raw_event(row: Any) -> Event:
-    """An event from a raw row (SQLite: JSON and time as text; PostgreSQL: decoded).
+def _raw_event(row: Any, prev_hash: str) -> Event:
+    """An event from a raw row (SQLite: JSON as text, time as integer microseconds;
+    PostgreSQL: decoded), chained to ``prev_hash``.
 
     Raises:
         ValueError, TypeError: corrupt JSON or time.
     """
-    (run_id, seq, kind, version, cell_id, epoch, key, payload, prev_hash, digest,
-     recorded_at, train_step) = row
+    (run_id, seq, kind, version, cell_id, epoch, key, payload, digest, recorded_at,
+     train_step) = row
     if not isinstance(payload, dict):
         payload = json.loads(payload)
         if not isinstance(payload, dict):
             raise ValueError("payload is not a JSON object")
-    if not isinstance(recorded_at, datetime):
-        recorded_at = datetime.fromisoformat(recorded_at)
-    return Event(run_id=run_id, seq=seq, kind=kind, payload=payload, recorded_at=recorded_at,
-                 prev_hash=prev_hash, hash=digest, version=version, cell_id=cell_id,
-                 epoch=epoch, idempotency_key=key, train_step=train_step)
+    return Event(run_id=run_id, seq=seq, kind=kind, payload=payload,
+                 recorded_at=time_from_stored(recorded_at), prev_hash=prev_hash,
+                 hash=digest_hex(digest), version=version, cell_id=cell_id, epoch=epoch,
+                 idempotency_key=key, train_step=train_step)
 
 
 def head_from_row(row: Any) -> Head:
@@ -170,12 +174,21 @@ class Reader:
         Raises:
             LedgerError: a row that cannot be decoded (corrupt JSON or time).
         """
+        lead = 1 if start_seq > 1 else 0  # the row before, for the first event's prev_hash
         rows = self.conn.execute(_EVENT_PAGE, {
-            "run_id": run_id, "first": start_seq, "limit": limit,
+            "run_id": run_id, "first": start_seq - lead, "limit": limit + lead,
             "last": end_seq if end_seq is not None else _NO_END,
         })
+        page: list[Event] = []
+        before: tuple[int, str] | None = None  # (seq, hash) of the row read last
         with _decoding(f"run {run_id!r}: corrupt event row at or after seq {start_seq}"):
-            return [_raw_event(row) for row in rows]
+            for row in rows:
+                seq = row[1]
+                hash_before = before[1] if before is not None and before[0] == seq - 1 else None
+                if seq >= start_seq:
+                    page.append(_raw_event(row, chained_prev_hash(seq, hash_before)))
+                before = (seq, digest_hex(row[8]))
+        return page[:limit]
 
     def events(
         self, run_id: str, start_seq: int = 1, end_seq: int | None = None
@@ -196,7 +209,7 @@ class Reader:
     def event_at_version(self, run_id: str, version: int) -> Event | None:
         """The ``weight_committed`` event of ``version``, or None."""
         row = self.conn.execute(
-            sa.select(ledger_events).where(
+            sa.select(ledger_events, PREV_HASH).where(
                 ledger_events.c.run_id == run_id, ledger_events.c.version == version
             )
         ).first()
@@ -212,7 +225,7 @@ class Reader:
     def batch_at_step(self, run_id: str, train_step: int) -> Event | None:
         """The first ``batch_trained`` event of ``train_step`` (index on kind and step)."""
         row = self.conn.execute(
-            sa.select(ledger_events)
+            sa.select(ledger_events, PREV_HASH)
             .where(ledger_events.c.run_id == run_id,
                    _IS_BATCH, ledger_events.c.train_step == train_step)
             .order_by(ledger_events.c.seq).limit(1)
@@ -250,7 +263,7 @@ class Reader:
     def events_of_kind(self, run_id: str, kind: str, first_seq: int, last_seq: int
                        ) -> list[Event]:
         """Events of one kind with ``first_seq <= seq <= last_seq`` (primary-key range)."""
-        query = (sa.select(ledger_events)
+        query = (sa.select(ledger_events, PREV_HASH)
                  .where(ledger_events.c.run_id == run_id, ledger_events.c.kind == kind,
                         ledger_events.c.seq.between(first_seq, last_seq))
                  .order_by(ledger_events.c.seq))

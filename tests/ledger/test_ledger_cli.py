@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 import ledger.store.append
 from ledger import Ledger
 from ledger.cli.app import app
+from ledger.schema import micros_since_epoch
 from ledger.events import event_hash
 from tests.cli_scenario import RUN_ID, build_run, frozen_clock
 from tests.ledger_helpers import derived_rows
@@ -185,12 +186,14 @@ def _plant_event(url: str, *, kind: str, cell_id: str, epoch: int, payload: dict
         )
         conn.execute(
             sa.text("INSERT INTO ledger_events (run_id, seq, kind, version, cell_id, epoch, "
-                    "idempotency_key, payload, prev_hash, hash, recorded_at, train_step) "
-                    "VALUES (:r, :seq, :kind, :version, :cell, :epoch, :key, :payload, :prev, "
+                    "idempotency_key, payload, hash, recorded_at, train_step) "
+                    "VALUES (:r, :seq, :kind, :version, :cell, :epoch, :key, :payload, "
                     ":hash, :at, :step)"),
             {"r": RUN_ID, "seq": seq, "kind": kind, "version": version, "cell": cell_id,
              "epoch": epoch, "key": key, "payload": json.dumps(payload),
-             "prev": head.head_hash, "hash": digest, "at": recorded_at,
+             "hash": bytes.fromhex(digest),
+             "at": (micros_since_epoch(recorded_at) if conn.dialect.name == "sqlite"
+                    else recorded_at),
              "step": derived_rows(RUN_ID, seq, kind, payload)[0]},
         )
         for use in derived_rows(RUN_ID, seq, kind, payload)[1]:
@@ -355,10 +358,10 @@ def test_db_upgrade_creates_and_db_current_reports(tmp_path: Path):
     created = invoke("--db", url, "db", "upgrade", "-o", "json")
     assert created.exit_code == 0, created.output
     assert json.loads(created.stdout)["from"] is None
-    # Revision 0003 (issue 22: indexed reads, snapshots, audit checkpoints) is the head now.
-    assert invoke("--db", url, "db", "current").stdout == "0003 (head)\n"
+    # Revision 0004 (issue 22: compact event rows) is the head now.
+    assert invoke("--db", url, "db", "current").stdout == "0004 (head)\n"
     again = invoke("--db", url, "db", "upgrade")
-    assert "already at 0003" in again.stdout
+    assert "already at 0004" in again.stdout
 
 
 def test_plot_writes_a_png_with_the_staleness_histogram(built_url: str, sqlite_path: Path):

@@ -112,8 +112,10 @@ def test_golden_output(scenario: Path, name: str):
     assert output == golden.read_text()
 
 
-FAST = [name for name in CASES if CASES[name][0] in ("status", "lag", "show", "lineage")
-        or CASES[name][:2] == ["--run", "run-b"] and CASES[name][2] in ("show", "lineage")]
+FAST_COMMANDS = ("status", "lag", "show", "lineage", "prompts", "verify")
+FAST = [name for name in CASES if "--all-runs" not in CASES[name] and (
+    CASES[name][0] in FAST_COMMANDS
+    or CASES[name][:2] == ["--run", "run-b"] and CASES[name][2] in FAST_COMMANDS)]
 
 
 @pytest.mark.parametrize("name", FAST)
@@ -121,22 +123,25 @@ def test_the_fast_path_prints_the_golden_output(
     scenario: Path, name: str, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ):
-    """``ledger status``/``lag``/``show``/``lineage`` answer without the typer app
-    (ledger.cli.fast): the same bytes as the app's, golden file for golden file."""
+    """``ledger status``/``lag``/``show``/``lineage``/``prompts``/``verify`` answer without the
+    typer app (ledger.cli.fast): the same bytes and exit code as the app's, golden file for
+    golden file."""
     from ledger.cli import fast
 
     monkeypatch.setenv("COLUMNS", "120")
     monkeypatch.delenv("LEDGER_DB", raising=False)
+    args = [arg.replace("<TMP>", str(scenario)) for arg in CASES[name]]
 
-    code = fast.run(["--db", f"sqlite:///{scenario / 'ledger.db'}", *CASES[name]])
+    code = fast.run(["--db", f"sqlite:///{scenario / 'ledger.db'}", *args])
 
     captured = capsys.readouterr()
-    assert code == 0 and captured.err == ""
+    assert code == (1 if name.startswith("verify_problems") else 0) and captured.err == ""
     assert captured.out.replace(str(scenario), "<TMP>") == (GOLDEN / f"{name}.txt").read_text()
 
 
 @pytest.mark.parametrize("args", [
     ["--run", "nope", "status"], ["show", "99"], ["show"], ["lineage", "--step", "77"],
+    ["--run", "nope", "prompts"], ["--run", "nope", "verify", "--since-verified"],
 ])
 def test_the_fast_path_reports_errors_as_the_app_does(
     scenario: Path, args: list[str], capsys: pytest.CaptureFixture[str],
@@ -159,6 +164,7 @@ def test_the_fast_path_reports_errors_as_the_app_does(
 @pytest.mark.parametrize("args", [
     ["status", "--help"], ["status", "-o", "yaml"], ["show", "-1"], ["log"],
     ["status", "--bogus"], ["-o", "json", "status"], ["show", "x"],
+    ["verify", "--witness", "runs/x"], ["verify", "--all-runs"], ["prompts", "--since-verified"],
 ])
 def test_anything_but_a_plain_read_command_goes_to_the_app(args: list[str]):
     from ledger.cli import fast

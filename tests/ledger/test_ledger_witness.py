@@ -69,11 +69,12 @@ def run_dir(ledger_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 def roll_back_to(url: str, seq: int) -> None:
     """What restoring an older backup does: later events gone, head row consistent with them."""
+    as_hex = "lower(hex(hash))" if url.startswith("sqlite") else "encode(hash, 'hex')"
     execute(
         url,
         f"DELETE FROM ledger_events WHERE run_id = '{RUN_ID}' AND seq > {seq}",
         "UPDATE run_heads SET last_seq = :seq, head_version = 3, epoch = 2, "
-        "publisher_cell = 'c1', head_hash = (SELECT hash FROM ledger_events "
+        f"publisher_cell = 'c1', head_hash = (SELECT {as_hex} FROM ledger_events "
         f"WHERE run_id = '{RUN_ID}' AND seq = :seq) WHERE run_id = '{RUN_ID}'",
         seq=seq,
     )
