@@ -185,3 +185,18 @@ def test_downgrade_to_0001_and_back(at_0001: str):
     with Ledger.open(at_0001) as writer:
         assert writer.schema_revision() == "0004"
         assert writer.verify().ok
+
+
+def test_upgrade_keeps_a_hand_edited_hash_for_the_audit_to_name(at_0001: str):
+    """Revision 0004 stores hashes as bytes; one that is not 64 hex characters is kept as it
+    was written, and the audit names its row afterwards, and the next (chained to it)."""
+    execute(at_0001,
+            "UPDATE ledger_events SET hash = 'not-a-digest' WHERE run_id = :r AND seq = 7",
+            r=RUN_ID)
+
+    assert invoke("--db", at_0001, "db", "upgrade").exit_code == 0
+
+    with Ledger.open(at_0001, readonly=True) as reader:
+        report = reader.verify()
+    assert [(problem.seq, problem.check) for problem in report.problems] == \
+        [(7, "hash_mismatch"), (8, "hash_mismatch")]
