@@ -162,29 +162,27 @@ version_uses = sa.Table(
     sqlite_with_rowid=False,  # since revision 0004: the key is the table
 )
 
-# Read-model snapshots (revision 0003): the run's progress (ledger.progress) folded up to seq,
-# trusted only while head_hash is the chain's hash at seq; readers fold only the tail.
-projection_snapshots = sa.Table(
-    "projection_snapshots",
-    metadata,
-    sa.Column("run_id", sa.String(128), sa.ForeignKey("runs.run_id"), primary_key=True),
-    sa.Column("seq", sa.BigInteger(), primary_key=True),
-    sa.Column("head_hash", sa.String(64), nullable=False),
-    sa.Column("state", sa.JSON(), nullable=False),
-    sa.Column("recorded_at", sa.DateTime(), nullable=False),
-)
 
+def _stored_state_table(name: str) -> sa.Table:
+    """A table of folded states a run stored at a seq, each trusted only while its head_hash
+    is the chain's hash at that seq."""
+    return sa.Table(
+        name,
+        metadata,
+        sa.Column("run_id", sa.String(128), sa.ForeignKey("runs.run_id"), primary_key=True),
+        sa.Column("seq", sa.BigInteger(), primary_key=True),
+        sa.Column("head_hash", sa.String(64), nullable=False),
+        sa.Column("state", sa.JSON(), nullable=False),
+        sa.Column("recorded_at", sa.DateTime(), nullable=False),
+    )
+
+
+# Read-model snapshots (revision 0003): the run's progress (ledger.progress) folded up to seq;
+# readers fold only the tail.
+projection_snapshots = _stored_state_table("projection_snapshots")
 # Audit checkpoints (revision 0003): the audit's state after it verified a run up to seq,
 # so `verify --since-verified` checks only the events after it (head_hash re-checked).
-audit_checkpoints = sa.Table(
-    "audit_checkpoints",
-    metadata,
-    sa.Column("run_id", sa.String(128), sa.ForeignKey("runs.run_id"), primary_key=True),
-    sa.Column("seq", sa.BigInteger(), primary_key=True),
-    sa.Column("head_hash", sa.String(64), nullable=False),
-    sa.Column("state", sa.JSON(), nullable=False),
-    sa.Column("recorded_at", sa.DateTime(), nullable=False),
-)
+audit_checkpoints = _stored_state_table("audit_checkpoints")
 
 run_heads = sa.Table(
     "run_heads",
