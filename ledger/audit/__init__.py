@@ -74,8 +74,9 @@ class AuditSource(Protocol):
     def event_hash_at(self, run_id: str, seq: int) -> str | None:
         """The stored hash of the event at ``seq``."""
 
-    def earlier_keys(self, run_id: str, keys: list[str], before_seq: int) -> dict[str, int]:
-        """key -> seq of events below ``before_seq`` that hold one of ``keys``."""
+    def earlier_keys(self, run_id: str, from_seq: int) -> dict[str, int]:
+        """key -> seq of events below ``from_seq`` whose key an event from ``from_seq`` on
+        holds too."""
 
     def version_uses_from(self, run_id: str, first_seq: int = 1) -> dict[int, dict[int, tuple]]:
         """seq -> {version: (train_step, samples)} of ``version_uses`` rows from ``first_seq``."""
@@ -107,8 +108,7 @@ def verify(
         checker = EventChecker(
             record.run_id, by_run.pop(record.run_id, ()), start,
             None if start is None else
-            (lambda keys, rid=record.run_id, below=start.progress.last_seq + 1:
-             source.earlier_keys(rid, keys, below)),
+            source.earlier_keys(record.run_id, start.progress.last_seq + 1),
             source.version_uses_from(
                 record.run_id, 1 if start is None else start.progress.last_seq + 1),
         )

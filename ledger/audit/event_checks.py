@@ -15,12 +15,13 @@ kind. The checker folds each event into its compact state (:class:`~ledger.audit
 after checking it, so the table checks in :mod:`ledger.audit` compare the head row with the
 replay, and an audit can start from a stored state (``verify --since-verified``): given one,
 the checker continues from it, and idempotency keys are checked against the earlier events by
-``earlier_keys`` (an indexed lookup) instead of a map of every key.
+``earlier_keys`` (the earlier events holding a key of the tail, found by one indexed query)
+instead of a map of every key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
 
 from ledger.audit.derived_checks import DerivedRowChecker
 from ledger.audit.provenance_checks import ProvenanceChecker
@@ -49,7 +50,7 @@ class EventChecker:
 
     def __init__(self, run_id: str, witnesses: Iterable[Witness] = (),
                  start: AuditState | None = None,
-                 earlier_keys: Callable[[list[str]], dict[str, int]] | None = None,
+                 earlier_keys: Mapping[str, int] | None = None,
                  version_uses: dict[int, dict[int, tuple]] | None = None) -> None:
         self.run_id = run_id
         self.state = start if start is not None else AuditState()
@@ -58,8 +59,7 @@ class EventChecker:
         self.prev_hash = self.state.progress.head_hash
         self.first_event: Event | None = None
         self.key_seqs: dict[str, int] = {}
-        self._earlier_keys = earlier_keys
-        self._pending_keys: list[tuple[str, int]] = []
+        self._earlier_keys = earlier_keys or {}
         self.witnesses: dict[int, list[Witness]] = {}
         self.provenance = ProvenanceChecker(self.problem)
         self.derived = DerivedRowChecker(self.problem, version_uses or {})
@@ -128,9 +128,8 @@ class EventChecker:
             progress.apply(event)
 
     def finish(self) -> None:
-        """After the last event: keys also held by earlier events (an audit that started
-        from a checkpoint), and witnesses past the end (they saw a ledger not here any more)."""
-        self._flush_keys()
+        """After the last event: the derived rows left unmatched, and witnesses past the end
+        (they saw a ledger not here any more)."""
         self.derived.finish()
         for seq in sorted(self.witnesses):
             if seq > self.state.progress.last_seq:
@@ -182,19 +181,8 @@ class EventChecker:
             self._duplicate_key(event.seq, key, self.key_seqs[key])
         else:
             self.key_seqs[key] = event.seq
-            if self._earlier_keys is not None:
-                self._pending_keys.append((key, event.seq))
-                if len(self._pending_keys) >= 500:
-                    self._flush_keys()
-
-    def _flush_keys(self) -> None:
-        if not self._pending_keys or self._earlier_keys is None:
-            return
-        found = self._earlier_keys([key for key, _ in self._pending_keys])
-        for key, seq in self._pending_keys:
-            if key in found:
-                self._duplicate_key(seq, key, found[key])
-        self._pending_keys.clear()
+            if key in self._earlier_keys:
+                self._duplicate_key(event.seq, key, self._earlier_keys[key])
 
     def _duplicate_key(self, seq: int, key: str, first_seq: int) -> None:
         self.problem(seq, "duplicate_idempotency_key",

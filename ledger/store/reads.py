@@ -270,16 +270,21 @@ class Reader:
         with _decoding(f"run {run_id!r}: corrupt {kind} row in seq {first_seq}..{last_seq}"):
             return [row_to_event(row) for row in self.conn.execute(query)]
 
-    def earlier_keys(self, run_id: str, keys: list[str], before_seq: int) -> dict[str, int]:
-        """key -> seq of the events below ``before_seq`` that hold one of ``keys`` (the unique
-        index on run and key)."""
-        # No seq term in SQL: with one, SQLite walks the primary key over every earlier event
-        # instead of seeking each key in the unique index.
+    def earlier_keys(self, run_id: str, from_seq: int) -> dict[str, int]:
+        """key -> seq of every event below ``from_seq`` whose idempotency key an event at or
+        after ``from_seq`` holds too (none, unless the unique constraint was lost): one query,
+        the later keys never leave the database."""
+        later = ledger_events.alias("later")
+        # No seq term on the earlier side: with one, SQLite walks the primary key over every
+        # earlier event instead of seeking each key in the unique index.
         rows = self.conn.execute(
             sa.select(ledger_events.c.idempotency_key, ledger_events.c.seq)
-            .where(ledger_events.c.run_id == run_id, ledger_events.c.idempotency_key.in_(keys))
+            .where(ledger_events.c.run_id == run_id,
+                   ledger_events.c.idempotency_key.in_(
+                       sa.select(later.c.idempotency_key)
+                       .where(later.c.run_id == run_id, later.c.seq >= from_seq)))
         )
-        return {row.idempotency_key: row.seq for row in rows if row.seq < before_seq}
+        return {row.idempotency_key: row.seq for row in rows if row.seq < from_seq}
 
     def latest_snapshot(self, run_id: str, max_seq: int) -> tuple[int, str, Any] | None:
         """(seq, head_hash, state) of the newest read-model snapshot at or below ``max_seq``."""

@@ -263,10 +263,17 @@ def create_cell(config: RunConfig, cell_id: str):
                            dual_clip=config.eps_clip_c, temperature=config.temperature,
                            off_policy_correction=config.off_policy_correction,
                            tis_cap=config.tis_cap, tis_clip_low=config.tis_clip_low)
+    # What every train cell takes, built-in or Llama.
+    arguments = dict(
+        seed=config.seed, transport=config.transport,
+        learning_rate=config.lora_lr if config.transport == Transport.LORA else config.lr,
+        grpo=objective, collective_timeout_s=config.heartbeat_timeout_s,
+        ledger_url=config.db, run_id=config.run_id, **devices.cell_device_options(config),
+    )
     if config.engine == "vllm":
         from orchestrator.control.engine_pool.vllm_launch import create_llama_cell
 
-        return create_llama_cell(config, cell_id, CELL_CPUS, objective,
+        return create_llama_cell(config, cell_id, CELL_CPUS, arguments,
                                  **devices.gpu_options(config, "cell"), **scheduling_options())
     import ray
 
@@ -275,13 +282,7 @@ def create_cell(config: RunConfig, cell_id: str):
     options = {**TRAIN_CELL_ACTOR_OPTIONS, "num_cpus": CELL_CPUS,
                **devices.gpu_options(config, "cell"), **scheduling_options()}
     return ray.remote(**options)(TrainCell).remote(
-        cell_id, config.backend, policy_config(config), seed=config.seed,
-        transport=config.transport,
-        learning_rate=config.lora_lr if config.transport == Transport.LORA else config.lr,
-        grpo=objective,
-        collective_timeout_s=config.heartbeat_timeout_s,
-        ledger_url=config.db, run_id=config.run_id, **devices.cell_device_options(config),
-    )
+        cell_id, config.backend, policy_config(config), **arguments)
 
 
 def create_rollout_manager(config: RunConfig, ledger_url: str, run_id: str,

@@ -16,7 +16,7 @@ from ledger.cli.app import app
 from ledger.progress import Progress
 from ledger.provenance import prompt_digest
 from ledger.schema import audit_checkpoints, ledger_events, projection_snapshots
-from tests.ledger_helpers import execute, plant_event
+from tests.ledger_helpers import execute, loosen_idempotency_key, plant_event
 
 RUN = "run-s"
 ENV = {"COLUMNS": "200", "LEDGER_DB": None}
@@ -190,6 +190,21 @@ def test_the_incremental_verify_checks_only_the_events_after_its_checkpoint(grow
     assert damaged.verified_from[RUN] == 24 and damaged.events_checked == 1
     assert [(p.seq, p.check) for p in damaged.problems] == [(24, "stamp_uncommitted")]
     assert _seqs(grown, audit_checkpoints) == [8, 14, 20, 23]  # none stored past damage
+
+
+def test_the_incremental_verify_names_a_tail_key_an_earlier_event_holds(grown: str):
+    """Keys before the checkpoint are not in the checker's map: one indexed query finds the
+    earlier holder of a tail event's key (possible only once the unique constraint is gone)."""
+    loosen_idempotency_key(grown)
+    plant_event(grown, RUN, kind="cell_state", cell_id="c0", payload={"state": "alive"},
+                idempotency_key="stamp:2")  # the key of seq 7, before the checkpoint at 20
+
+    with Ledger.open(grown, readonly=True) as ledger:
+        report = ledger.verify_since_checkpoint(RUN, record=False)
+
+    assert report.verified_from[RUN] == 21
+    assert [(p.seq, p.check) for p in report.problems] == [(21, "duplicate_idempotency_key")]
+    assert "already names seq 7" in report.problems[0].message
 
 
 def test_lineage_of_a_step_and_a_version_come_from_indexed_lookups(grown: str):

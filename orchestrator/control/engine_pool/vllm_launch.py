@@ -94,21 +94,15 @@ def create_vllm_engine(config: RunConfig, engine_id: str, num_cpus: float,
     )
 
 
-def create_llama_cell(config: RunConfig, cell_id: str, num_cpus: float, objective: Any,
-                      **actor_options: Any):
-    """A ``LlamaTrainCell`` actor (``hf`` or ``megatron`` backend) bound to the run's ledger,
-    with the optimizer ``launch.create_cell`` gives built-in cells and its ``objective`` (an
-    ``actors.grpo.GRPOConfig``)."""
+def create_llama_cell(config: RunConfig, cell_id: str, num_cpus: float,
+                      cell_arguments: dict[str, Any], **actor_options: Any):
+    """A ``LlamaTrainCell`` actor (``hf`` or ``megatron`` backend) over the run's HF Llama,
+    with the keyword arguments every train cell takes (``launch.create_cell``: seed,
+    optimizer, objective, ledger, devices)."""
     import ray
 
     from actors.llama_cell import LLAMA_CELL_ACTOR_OPTIONS, LlamaTrainCell
 
     options = {**LLAMA_CELL_ACTOR_OPTIONS, "num_cpus": num_cpus, **actor_options}
     return ray.remote(**options)(LlamaTrainCell).remote(
-        cell_id, config.backend, llama_policy(config), seed=config.seed,
-        transport=config.transport,
-        learning_rate=config.lora_lr if config.transport == Transport.LORA else config.lr,
-        grpo=objective,
-        collective_timeout_s=config.heartbeat_timeout_s,
-        ledger_url=config.db, run_id=config.run_id, **devices.cell_device_options(config),
-    )
+        cell_id, config.backend, llama_policy(config), **cell_arguments)
