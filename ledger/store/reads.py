@@ -274,17 +274,18 @@ class Reader:
         """key -> seq of every event below ``from_seq`` whose idempotency key an event at or
         after ``from_seq`` holds too (none, unless the unique constraint was lost): one query,
         the later keys never leave the database."""
-        later = ledger_events.alias("later")
-        # No seq term on the earlier side: with one, SQLite walks the primary key over every
-        # earlier event instead of seeking each key in the unique index.
+        later, earlier = ledger_events.alias("later"), ledger_events.alias("earlier")
+        # A join driven by the tail (a primary-key range), each key looked up in the unique
+        # index: as an IN (subquery), SQLite scans every event of the run instead.
         rows = self.conn.execute(
-            sa.select(ledger_events.c.idempotency_key, ledger_events.c.seq)
-            .where(ledger_events.c.run_id == run_id,
-                   ledger_events.c.idempotency_key.in_(
-                       sa.select(later.c.idempotency_key)
-                       .where(later.c.run_id == run_id, later.c.seq >= from_seq)))
+            sa.select(earlier.c.idempotency_key, earlier.c.seq)
+            .select_from(later.join(earlier, sa.and_(
+                earlier.c.run_id == later.c.run_id,
+                earlier.c.idempotency_key == later.c.idempotency_key)))
+            .where(later.c.run_id == run_id, later.c.seq >= from_seq,
+                   earlier.c.seq < from_seq)
         )
-        return {row.idempotency_key: row.seq for row in rows if row.seq < from_seq}
+        return {row.idempotency_key: row.seq for row in rows}
 
     def latest_snapshot(self, run_id: str, max_seq: int) -> tuple[int, str, Any] | None:
         """(seq, head_hash, state) of the newest read-model snapshot at or below ``max_seq``."""
