@@ -71,6 +71,23 @@ def test_snapshots_and_checkpoints_are_stored_every_k_steps(grown: str):
     assert _verify(grown)["ok"]
 
 
+def test_only_the_newest_states_are_kept(grown: str):
+    """A state grows with the run, so one every K steps kept forever would grow the database
+    with the square of the run: each table keeps the newest KEPT_STATES of a run."""
+    from ledger.store.states import KEPT_STATES
+
+    with Ledger.open(grown, snapshot_every=2) as ledger:
+        for step in range(7, 11):  # snapshots and checkpoints at steps 8 and 10
+            _step(ledger, step, 1)
+        assert ledger.progress(RUN).to_json() == _full_fold(ledger)
+
+    assert KEPT_STATES == 4
+    assert _seqs(grown, projection_snapshots) == [14, 20, 26, 32]
+    assert _seqs(grown, audit_checkpoints) == [14, 20, 26, 32]
+    assert _verify(grown)["ok"] and _verify(grown, "--since-verified")["verified_from"] == \
+        {RUN: 33}
+
+
 def test_progress_from_the_snapshot_equals_a_full_fold(grown: str):
     with Ledger.open(grown, snapshot_every=0) as ledger:
         _step(ledger, 7, 1)  # a tail after the last snapshot
