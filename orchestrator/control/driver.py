@@ -132,8 +132,7 @@ class TrainingJob:
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
         self.open_run()
         self.tracker.start(self.config, self.run_id, self.ledger.head(self.run_id))
-        self.supervisor.start_engines()
-        self.supervisor.start_cells()
+        self.supervisor.start_engines_and_cells()
         first_step = 0
         if self.options.resume:
             first_step = self.restore_checkpoint()

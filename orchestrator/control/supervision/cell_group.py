@@ -108,12 +108,25 @@ class CellGroup:
 
     def start(self) -> None:
         """Create ``num_cells`` cells and record them alive (the supervisor forms the quorum)."""
+        self.create()
+        self.wait_started()
+
+    def create(self) -> None:
+        """Create ``num_cells`` cells without waiting for them (they load meanwhile)."""
         from actors.gradient_group import create_rendezvous_store
 
         self._store, self._store_addr = create_rendezvous_store(self.config.rendezvous_host)
         for index in range(self.config.num_cells):
             cell_id = f"cell-{index}"
             self._cells[cell_id] = _Cell(cell_id, self._create_cell(self.config, cell_id))
+
+    def wait_started(self) -> None:
+        """Wait until each cell :meth:`create` made answers, and record it alive.
+
+        Raises:
+            GetTimeoutError: a cell did not answer within ``first_start_timeout_s`` (or the
+                first other failure of a cell, as it was raised).
+        """
         calls = {cell_id: cell.actor.pid.remote() for cell_id, cell in self._cells.items()}
         self._all_or_raise(calls, self.policy.first_start_timeout_s)
         for cell_id in self._cells:

@@ -56,8 +56,20 @@ class EngineRestarts:
         Raises:
             StartupError: an engine did not answer within ``first_start_timeout_s``.
         """
+        self.create()
+        self.wait_started()
+
+    def create(self) -> None:
+        """Create ``num_engines`` engines without waiting for them (they start meanwhile)."""
         self.engines = {f"engine-{i}": self._create_engine(self.config, f"engine-{i}")
                         for i in range(self.config.num_engines)}
+
+    def wait_started(self) -> None:
+        """Wait until each engine :meth:`create` made answers.
+
+        Raises:
+            StartupError: an engine did not answer within ``first_start_timeout_s``.
+        """
         silent = self._silent_after_start(list(self.engines), self.policy.first_start_timeout_s)
         if silent:
             raise StartupError(f"engines {silent} did not start within "

@@ -109,6 +109,21 @@ class Supervisor:
         self.cells.start()
         self.failover.reform()
 
+    def start_engines_and_cells(self) -> None:
+        """Create the engines and the cells at once, then wait for both and form the first
+        quorum: the engines warm up while the cells load their policies (start-up is the
+        slower of the two, not their sum).
+
+        Raises:
+            StartupError: an engine did not answer within ``first_start_timeout_s``.
+            GetTimeoutError: a cell did not (or a cell's first failure, as it was raised).
+        """
+        self.engine_restarts.create()
+        self.cells.create()
+        self.engine_restarts.wait_started()
+        self.cells.wait_started()
+        self.failover.reform()
+
     def start_manager(self, *, restore: bool = False) -> None:
         """Create the rollout manager; ``restore``: it continues the ledger's prompt stream."""
         self.manager_watch.start(restore=restore)
