@@ -1,4 +1,5 @@
-"""The ``orchestrator`` command: ``run`` (the main job) and ``drill`` (recovery drills).
+"""The ``orchestrator`` command: ``run`` (the main job), ``drill`` (recovery drills) and
+``chaos`` (a long run under a seeded nemesis, judged by the history checker).
 
 Thin by design, like the ``ledger`` command (:mod:`ledger.cli.app`), and on the same stack
 (typer): parse, build a :class:`RunConfig`, call one public function, render
@@ -34,6 +35,7 @@ ledger ends with ``run_failed``.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import sys
@@ -202,6 +204,79 @@ def drill_command(
         results = run_drills(plans, options, on_result=table.add)
     table.print()
     if not all(result.passed for result in results):
+        raise typer.Exit(EXIT_FAILED)
+
+
+@app.command("chaos")
+def chaos_command(
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Training steps of the run.")] = 200,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the nemesis schedule and "
+                                                            "the run (reproducible).")] = 1,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="Run this many campaigns, seeds "
+                                       "SEED, SEED+1, ...; one table over all.")] = 1,
+    mean_interval: Annotated[
+        float, typer.Option("--mean-interval", help="Mean steps between faults (Poisson).")
+    ] = 10.0,
+    overlap: Annotated[
+        bool, typer.Option("--overlap", help="Let a fault land inside the recovery from the "
+                                             "one before.")
+    ] = False,
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option("--exclude", metavar="<kind>", help="A fault kind not to inject; repeat "
+                                                         "for several."),
+    ] = None,
+    db: Annotated[
+        str | None, typer.Option("--db", help="Ledger URL (default: one SQLite file per run).")
+    ] = None,
+    local_nodes: Annotated[
+        int, typer.Option("--local-nodes", metavar="N", min=0,
+                          help="Run on a local multi-node cluster of N worker nodes (kill-node "
+                               "needs 2 or more, with a PostgreSQL --db).")
+    ] = 0,
+    deadline: Annotated[
+        float | None, typer.Option("--deadline", metavar="S", help="Seconds the run may take "
+                                   "(default 600 + 15 a step).")
+    ] = None,
+    reward_tolerance: Annotated[
+        float | None, typer.Option("--reward-tolerance", metavar="X", help="Also run the seed "
+                                   "fault-free; the final reward may be at most X below it.")
+    ] = None,
+    runs_dir: Annotated[
+        Path, typer.Option("--runs-dir", help="Where each campaign's run directory goes.")
+    ] = DEFAULT_RUNS_DIR / "chaos",
+) -> None:
+    """A long run under a seeded nemesis of every fault kind, judged afterwards by the history
+    checker (exit 1 on any breach)."""
+    from ledger import LedgerError
+    from orchestrator.chaos.campaign import CampaignOptions, campaign_kinds, run_campaign
+    from orchestrator.chaos.nemesis import FaultKind, draw_schedule
+    from orchestrator.render import ChaosTable
+
+    if mean_interval <= 0:
+        raise UserError(f"--mean-interval must be positive, got {mean_interval:g}")
+    if deadline is not None and deadline <= 0:
+        raise UserError(f"--deadline must be positive, got {deadline:g}")
+    if reward_tolerance is not None and reward_tolerance < 0:
+        raise UserError(f"--reward-tolerance must be 0 or more, got {reward_tolerance:g}")
+    if local_nodes and not (db or "").startswith("postgresql"):
+        raise UserError("--local-nodes needs a PostgreSQL --db (a SQLite ledger cannot be "
+                        "shared by several nodes)")
+    with _as_user_error(ValueError):
+        options = CampaignOptions(
+            steps=steps, seed=seed, mean_interval=mean_interval, overlap=overlap,
+            exclude=tuple(FaultKind.parse(exclude or [])), db=db, local_nodes=local_nodes,
+            deadline_s=deadline, reward_tolerance=reward_tolerance, runs_dir=runs_dir)
+        kinds, notes = campaign_kinds(options)
+        draw_schedule(seed, steps, mean_interval=mean_interval, kinds=kinds, overlap=overlap)
+    for note in notes:
+        typer.echo(f"orchestrator chaos: {note}")
+    table = ChaosTable()
+    with _as_user_error(LedgerError):
+        for number in range(seeds):
+            table.add(run_campaign(dataclasses.replace(options, seed=seed + number)))
+    table.print()
+    if not all(result.ok for result in table.results):
         raise typer.Exit(EXIT_FAILED)
 
 

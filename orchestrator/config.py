@@ -216,6 +216,11 @@ class RunConfig(DeviceOptions, TaskOptions):
     heartbeat_timeout_s: float = Field(
         default=10.0, gt=0.0, description="seconds without a heartbeat before a cell is dead"
     )
+    max_restarts: int = Field(
+        default=10, ge=1, description="actor replacements (cells healed, engines restarted, "
+                                      "managers replaced) allowed within 10 minutes; one more "
+                                      "ends the run",
+    )
     sync: bool = Field(
         default=False, description="generate only while the trainer waits (no overlap)"
     )

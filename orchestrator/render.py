@@ -1,7 +1,9 @@
-"""What the ``orchestrator`` command prints: the end-of-run summary and the drill table.
+"""What the ``orchestrator`` command prints: the end-of-run summary, the drill table and the
+chaos campaign's verdict.
 
 Presentation only: the figures come from :class:`~orchestrator.control.driver.JobResult` and
-:class:`~orchestrator.drills.runner.DrillResult`; nothing here computes or decides.
+:class:`~orchestrator.drills.runner.DrillResult` and
+:class:`~orchestrator.chaos.campaign.CampaignResult`; nothing here computes or decides.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from ledger.cli.args import audit_command
 from ledger.redact import redact_url
 
 if TYPE_CHECKING:
+    from orchestrator.chaos.campaign import CampaignResult
     from orchestrator.control.driver import JobResult
     from orchestrator.drills.runner import DrillResult
 
-__all__ = ["DrillTable", "print_run_summary"]
+__all__ = ["ChaosTable", "DrillTable", "print_run_summary"]
 
 _DRILL_COLUMNS = ("scenario", "fault point", "step", "recover s", "versions", "neg. staleness",
                   "groups lost", "verdict")
@@ -91,3 +94,69 @@ def print_run_summary(result: JobResult) -> None:
     # Runnable and safe to print: no password (libpq reads PGPASSWORD or ~/.pgpass).
     hint = "audit it: " + audit_command(result.ledger_url, result.run_id, result.run_dir)
     console.print(hint, soft_wrap=True, highlight=False)
+
+
+_CHAOS_COLUMNS = ("fault kind", "planned", "fired", "in a recovery", "recovered",
+                  "recover p50 s", "recover p99 s")
+_BREACHES_SHOWN = 20
+
+
+class ChaosTable:
+    """The campaign verdict: one line per campaign (seed, steps, faults, breaches, reward
+    against fault-free), then one table of faults by kind over every campaign added (planned,
+    fired, fired while an earlier fault was still recovering, recovered, recovery time
+    p50/p99), then the breaches, each naming its fault."""
+
+    def __init__(self) -> None:
+        self.results: list[CampaignResult] = []
+
+    def add(self, result: CampaignResult) -> None:
+        """Add one campaign (the runner's ``on_result`` callback)."""
+        self.results.append(result)
+
+    def print(self) -> None:
+        """Print the campaign lines, the faults-by-kind table and every campaign's breaches."""
+        from orchestrator.chaos.nemesis import FaultKind
+        from orchestrator.chaos.recovery import percentile
+
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=150)
+        runs = Table(title="chaos campaigns")
+        for column in ("seed", "backend", "steps", "processes", "faults fired", "breaches",
+                       "reward (fault-free)", "wall s", "verdict"):
+            runs.add_column(column)
+        for result in self.results:
+            reward = "-" if result.final_reward is None else f"{result.final_reward:.3f}"
+            if result.baseline_reward is not None:
+                reward += f" ({result.baseline_reward:.3f})"
+            runs.add_row(str(result.options.seed), result.ledger_url.split(":", 1)[0],
+                         f"{result.verdict.steps_trained}/{result.options.steps}",
+                         str(result.job_processes),
+                         f"{len(result.fired)}/{len(result.schedule)}",
+                         str(len(result.verdict.breaches)), reward, f"{result.wall_s:.0f}",
+                         "[green]pass[/green]" if result.ok else "[red]FAIL[/red]")
+        kinds = Table(title="faults by kind")
+        for column in _CHAOS_COLUMNS:
+            kinds.add_column(column)
+        for kind in FaultKind:
+            planned = sum(1 for r in self.results for f in r.schedule if f.kind is kind)
+            fired = [f for r in self.results for f in r.fired if f.kind is kind]
+            times = [f.recovery_s for f in fired if f.recovery_s is not None]
+            if planned or fired:
+                overlapping = sum(1 for f in fired if f.during_recovery_of is not None)
+                kinds.add_row(kind.value, str(planned), str(len(fired)), str(overlapping),
+                              str(len(times)),
+                              _seconds(percentile(times, 0.5)), _seconds(percentile(times, 0.99)))
+        console.print(runs)
+        console.print(kinds)
+        for note in sorted({n for r in self.results for n in r.notes}):
+            console.print(f"note: {note}", highlight=False)
+        for result in self.results:
+            for breach in result.verdict.breaches[:_BREACHES_SHOWN]:
+                console.print(f"[red]breach[/red] seed {result.options.seed} "
+                              f"({result.run_id}): {breach}", highlight=False, soft_wrap=True)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"

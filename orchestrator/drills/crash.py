@@ -53,10 +53,13 @@ _MID_DRAIN_DELAY_S = 0.05
 
 class CrashHooks(JobHooks):
     """In the child: kill this process (and, for ``everything``, the job's workers) at the
-    planned point of ``step``."""
+    planned point of ``step``. ``fault``: the planned fault of a chaos campaign, recorded with
+    the ``fault_injected`` event."""
 
-    def __init__(self, scenario: str, point: str, step: int, what: str) -> None:
+    def __init__(self, scenario: str, point: str, step: int, what: str,
+                 fault: dict[str, Any] | None = None) -> None:
         self.scenario, self.point, self.step, self.what = scenario, point, step, what
+        self.fault = fault
         self._armed = False
 
     def on_step_end(self, job: TrainingJob, step: int) -> None:
@@ -98,6 +101,7 @@ class CrashHooks(JobHooks):
     def _die(self, job: TrainingJob, pids: list[int], **detail: Any) -> None:
         head = job.ledger.head(job.run_id)
         job.ledger.append(job.run_id, EventKind.FAULT_INJECTED, {
+            **({"fault": self.fault} if self.fault else {}),
             "scenario": self.scenario, "point": self.point, "step": self.step,
             "fired_at": utcnow_naive().isoformat(), "version_before": head.version,
             "detail": {**detail, "killed_pids": len(pids), "seq_at_fault": head.seq},

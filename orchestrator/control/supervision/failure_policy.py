@@ -59,8 +59,10 @@ class FailurePolicy:
 
     @classmethod
     def from_config(cls, config: RunConfig) -> FailurePolicy:
-        """The policy of a run: its heartbeat timeout, the defaults for the rest."""
-        return cls(heartbeat_timeout_s=config.heartbeat_timeout_s)
+        """The policy of a run: its heartbeat timeout and restart limit, the defaults for the
+        rest."""
+        return cls(heartbeat_timeout_s=config.heartbeat_timeout_s,
+                   max_restarts=config.max_restarts)
 
     @property
     def step_timeout_s(self) -> float:

@@ -1,0 +1,236 @@
+"""The nemesis inside the job: fire each planned fault at its step, with the drills' primitives.
+
+:class:`ChaosHooks` is the :class:`~orchestrator.control.hooks.JobHooks` of a campaign's job.
+At every step's end it fires the faults that are due (their planned step reached, not recorded
+as fired yet), each through the drill scenario of the same name
+(:data:`orchestrator.drills.scenarios.SCENARIOS`): the same SIGKILL/SIGSTOP of real worker
+processes, the same armed kills inside a weight update, the same database outages. Each fault
+acts through its own :class:`FaultContext` (the drills'
+:class:`~orchestrator.drills.context.DrillContext`), which records ``fault_injected`` with the
+planned fault (index, step, kind) as the fault fires.
+
+Two kinds kill the job itself (``kill-driver``, ``kill-everything``): they reuse the crash
+drill's :class:`~orchestrator.drills.crash.CrashHooks`, which SIGKILL this process (and the
+job's workers); the campaign runner (:mod:`orchestrator.chaos.campaign`) resumes the run in a new
+process, whose hooks skip every fault the ledger already records as fired.
+
+A fault that cannot be injected at its step (``kill-follower`` while the only follower is still
+being healed) is tried again at the next step's end, up to :data:`MAX_DEFERRALS` times, then left
+unfired: the campaign reports planned against fired.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ledger import EventKind, Ledger
+from orchestrator.chaos.nemesis import FaultKind, PlannedFault
+from orchestrator.control.hooks import JobHooks
+from orchestrator.drills.context import DrillPoint, FaultPlan, FaultRecord
+from orchestrator.drills.crash import CRASH_POINTS, CrashHooks
+from orchestrator.drills.faults import actor_pid
+from orchestrator.drills.node_loss import NODE_SCENARIOS
+from orchestrator.drills.scenarios import SCENARIOS, UPDATE_KILL_POINTS
+
+if TYPE_CHECKING:
+    from orchestrator.control.driver import TrainingJob
+    from orchestrator.control.placement.local import LocalCluster
+
+__all__ = ["MAX_DEFERRALS", "ChaosHooks", "FaultContext", "fired_indices"]
+
+logger = logging.getLogger(__name__)
+
+MAX_DEFERRALS = 5  # step ends a fault that cannot be injected yet is tried again at
+_CRASHES = {FaultKind.KILL_DRIVER: "driver", FaultKind.KILL_EVERYTHING: "everything"}
+# Where each kind may land (the drill points its scenario knows); one is drawn per fault.
+_POINTS: dict[FaultKind, tuple[DrillPoint, ...]] = {
+    FaultKind.KILL_PUBLISHER_MID_TRAIN: (DrillPoint.MID_TRAIN,),
+    FaultKind.KILL_PUBLISHER_MID_TRANSFER: tuple(p for p in UPDATE_KILL_POINTS
+                                                 if p is not DrillPoint.BEFORE_STAMP),
+    FaultKind.KILL_PUBLISHER_AFTER_COMMIT: (DrillPoint.BEFORE_STAMP,),
+    FaultKind.ZOMBIE_PUBLISHER: (DrillPoint.FROZEN,),
+    FaultKind.FREEZE_ENGINE: (DrillPoint.FROZEN,),
+    FaultKind.KILL_DRIVER: CRASH_POINTS,
+    FaultKind.KILL_EVERYTHING: CRASH_POINTS,
+}
+
+
+def fired_indices(ledger: Ledger, run_id: str) -> set[int]:
+    """The planned faults of ``run_id`` that its ledger records as fired (``fault_injected``
+    with a ``fault`` index)."""
+    return {int(event.payload["fault"]["index"]) for event in ledger.events(run_id)
+            if event.kind == EventKind.FAULT_INJECTED and event.payload.get("fault")}
+
+
+@dataclass
+class FaultContext:
+    """One planned fault as the drill primitives see it (a
+    :class:`~orchestrator.drills.context.DrillContext`)."""
+
+    fault: PlannedFault
+    plan: FaultPlan
+    rng: random.Random
+    run_id: str
+    ledger_url: str
+    ledger: Ledger
+    cluster: LocalCluster | None
+    hooks: ChaosHooks
+    record: FaultRecord = field(default_factory=FaultRecord)
+
+    def fired(self, job: TrainingJob, **detail: Any) -> None:
+        """Record that the fault fired now, and append its ``fault_injected``."""
+        self.record.mark_fired(job.ledger.head(job.run_id), **detail)
+        self.record_fault_event()
+
+    def record_fault_event(self) -> None:
+        """Append ``fault_injected`` from :attr:`record` (with the planned fault)."""
+        record = self.record
+        self.ledger.append(self.run_id, EventKind.FAULT_INJECTED, {
+            "fault": self.fault.to_payload(), "scenario": self.plan.scenario,
+            "point": self.plan.point, "step": self.plan.step,
+            "fired_at": record.fired_at.isoformat() if record.fired_at else None,
+            "version_before": record.version_before,
+            "detail": {**{k: v for k, v in record.detail.items() if _jsonable(v)},
+                       "seq_at_fault": record.seq_at_fault},
+        })
+
+    def background(self, thread: threading.Thread) -> None:
+        """Start ``thread``; the job's process joins it before it exits."""
+        self.hooks.threads.append(thread)
+        thread.start()
+
+    def arm(self, hooks: JobHooks) -> None:
+        """Call ``hooks`` at every hook point of the job from now on."""
+        self.hooks.armed.append(hooks)
+
+
+class ChaosHooks(JobHooks):
+    """Fire ``schedule``'s faults (less those in ``already_fired``) at their steps' ends.
+
+    Hook errors of a fault are logged and never end the run: the campaign judges what the
+    ledger shows afterwards. ``engine_frozen_s`` bounds how long a frozen engine stays stopped
+    when the supervisor has not replaced it by then.
+    """
+
+    def __init__(self, schedule: list[PlannedFault], already_fired: set[int], *, seed: int,
+                 ledger: Ledger, ledger_url: str, cluster: LocalCluster | None = None,
+                 engine_frozen_s: float = 120.0) -> None:
+        self.pending = [fault for fault in schedule if fault.index not in already_fired]
+        self.seed = seed
+        self.ledger = ledger
+        self.ledger_url = ledger_url
+        self.cluster = cluster
+        self.engine_frozen_s = engine_frozen_s
+        self.armed: list[JobHooks] = []
+        self.threads: list[threading.Thread] = []
+        self.deferrals: dict[int, int] = {}
+
+    # ---- the job's hook points, forwarded to the armed faults
+
+    def before_train_step(self, job: TrainingJob, step: int) -> None:
+        self._each_armed(lambda hooks: hooks.before_train_step(job, step))
+
+    def after_train_step(self, job: TrainingJob, step: int) -> None:
+        self._each_armed(lambda hooks: hooks.after_train_step(job, step))
+
+    def before_publish(self, job: TrainingJob) -> None:
+        self._each_armed(lambda hooks: hooks.before_publish(job))
+
+    def on_step_end(self, job: TrainingJob, step: int) -> None:
+        for fault in [f for f in self.pending if f.step <= step]:
+            self._fire(fault, job, step)
+        self._each_armed(lambda hooks: hooks.on_step_end(job, step))
+
+    def join(self, timeout_s: float = 300.0) -> None:
+        """Wait for the faults' background threads (an outage recording itself when over)."""
+        deadline = time.monotonic() + timeout_s
+        for thread in self.threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    # ---- firing
+
+    def _fire(self, fault: PlannedFault, job: TrainingJob, step: int) -> None:
+        ctx = self._context(fault, step)
+        logger.warning("chaos: fault %d (%s, %s) after step %d", fault.index, fault.kind.value,
+                       ctx.plan.point, step + 1)
+        self.pending.remove(fault)
+        try:
+            self._inject(ctx, job, step)
+        except Exception as exc:  # noqa: BLE001 - judged from the ledger, never ends the run
+            if ctx.record.fired:
+                logger.warning("chaos: fault %d failed after firing: %s", fault.index, exc)
+                return
+            tries = self.deferrals.get(fault.index, 0) + 1
+            self.deferrals[fault.index] = tries
+            if tries <= MAX_DEFERRALS:
+                logger.warning("chaos: fault %d cannot be injected yet (%s: %s); next step",
+                               fault.index, type(exc).__name__, exc)
+                self.pending.insert(0, fault)
+            else:
+                logger.warning("chaos: fault %d never injected: %s", fault.index, exc)
+
+    def _context(self, fault: PlannedFault, step: int) -> FaultContext:
+        rng = random.Random(f"{self.seed}:{fault.index}")
+        points = _POINTS.get(fault.kind, (DrillPoint.BETWEEN_STEPS,))
+        plan = FaultPlan(fault.kind.value, step, rng.choice(points),
+                         delay_s=round(rng.uniform(0.0, 0.005), 4),
+                         hold_s=round(rng.uniform(2.0, 5.0), 1))
+        return FaultContext(fault, plan, rng, "", self.ledger_url, self.ledger, self.cluster,
+                            self)  # the run id is the job's, set as the fault fires
+
+    def _inject(self, ctx: FaultContext, job: TrainingJob, step: int) -> None:
+        kind = ctx.fault.kind
+        ctx.run_id = job.run_id
+        if kind in _CRASHES:
+            crash = CrashHooks(kind.value, ctx.plan.point, step, _CRASHES[kind],
+                               fault=ctx.fault.to_payload())
+            crash.on_step_end(job, step)  # arms the next publish, or dies mid-drain
+            self.armed.append(crash)
+        elif kind is FaultKind.FREEZE_ENGINE:
+            self._freeze_engine(ctx, job)
+        elif kind is FaultKind.KILL_NODE:
+            NODE_SCENARIOS[kind.value].inject(ctx, job)
+        else:
+            SCENARIOS[kind.value].inject(ctx, job)
+
+    def _freeze_engine(self, ctx: FaultContext, job: TrainingJob) -> None:
+        """SIGSTOP one engine; the supervisor's probe must find it silent and replace it. The
+        process is let go (SIGCONT) once it was replaced, or after ``engine_frozen_s``."""
+        engines = job.supervisor.engines
+        engine_id = ctx.rng.choice(sorted(engines))
+        frozen = engines[engine_id]
+        pid = actor_pid(frozen)
+        os.kill(pid, signal.SIGSTOP)
+        ctx.fired(job, engine=engine_id, pid=pid)
+
+        def thaw_when_replaced() -> None:
+            deadline = time.monotonic() + self.engine_frozen_s
+            while job.supervisor.engines.get(engine_id) is frozen and time.monotonic() < deadline:
+                time.sleep(0.2)
+            ctx.record.detail["replaced"] = job.supervisor.engines.get(engine_id) is not frozen
+            with contextlib.suppress(ProcessLookupError):  # killed with its replacement
+                os.kill(pid, signal.SIGCONT)
+
+        ctx.background(threading.Thread(target=thaw_when_replaced, name="chaos-thaw",
+                                        daemon=True))
+
+    def _each_armed(self, call: Callable[[JobHooks], None]) -> None:
+        for hooks in list(self.armed):
+            try:
+                call(hooks)
+            except Exception as exc:  # noqa: BLE001 - a fault's error never ends the run
+                logger.warning("chaos: an armed fault failed: %s: %s", type(exc).__name__, exc)
+                self.armed.remove(hooks)
+
+
+def _jsonable(value: Any) -> bool:
+    return isinstance(value, str | int | float | bool | list | dict | type(None))
