@@ -143,6 +143,26 @@ class AdmissionControl:
         """True while the bound is holding the next group back."""
         return self._held_since is not None
 
+    def version_awaited(self, load: AdmissionLoad) -> int | None:
+        """The first version at which one more group is admitted under ``load``: the version
+        a drain held back by the bound waits for. None without a bound or before :meth:`start`.
+        """
+        if self.max_weight_staleness is None or self._origin is None:
+            return None
+        origin_version, _ = self._origin
+        versions_needed = -(-(self.occupancy(load) + 1) // self.groups_per_version)  # ceil
+        return origin_version + max(0, versions_needed - self.max_weight_staleness - 1)
+
+    def hold_detail(self, version: int, load: AdmissionLoad) -> str | None:
+        """Why nothing starts, while the bound holds the next group back (for a stall
+        warning): the limit at ``version``, the occupancy and the version awaited. None
+        while it does not hold."""
+        if not self.holding:
+            return None
+        return (f"held back by the admission bound: occupancy {self.occupancy(load)} of limit "
+                f"{self.limit(version)} at v{version}, waiting for "
+                f"v{self.version_awaited(load)}")
+
     def pop_metrics(self, version: int, load: AdmissionLoad) -> dict[str, float | int | None]:
         """This step's counters (``rollout/fully_async/admission_*``); resets them.
 

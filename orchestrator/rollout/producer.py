@@ -336,14 +336,23 @@ class FullyAsyncRolloutFn:
                 waited += self.stall_warning_s
                 logger.warning(
                     "rollout %d: no group for %.0f s (%d/%d collected, %d in flight, "
-                    "%d buffered, %d pending)",
+                    "%d buffered, %d pending)%s",
                     input.rollout_id, waited, collected, self.rollout_batch_size,
                     self.buffer.in_flight_count, self.buffer.queue_size,
-                    self.buffer.pending_count,
+                    self.buffer.pending_count, self._hold_detail(),
                 )
         finally:
             if not returned:
                 await self._abandon(get_task)
+
+    def _hold_detail(self) -> str:
+        """``"; held back by the admission bound: ..."`` while the bound holds generation
+        back (a drain then waits for a publish, not for an engine), else ``""``."""
+        if self.admission is None:
+            return ""
+        detail = self.admission.hold_detail(self._current_version(),
+                                            self.buffer.admission_load())
+        return f"; {detail}" if detail else ""
 
     async def _abandon(self, get_task: asyncio.Task[Group]) -> None:
         """Cancel a pending get; a group it claimed meanwhile goes back to the buffer."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -15,6 +16,7 @@ from orchestrator.rollout.data_source import PromptSource
 from orchestrator.rollout.producer import FullyAsyncRolloutFn
 from orchestrator.rollout.types import RolloutFnTrainInput, SampleStatus
 from tests.fake_engines import FakeEnginePool, make_prompt, run_async, settle
+from tests.waiting import wait_until_async
 
 M = FULLY_ASYNC_PREFIX
 
@@ -31,12 +33,13 @@ class Version:
 
 def make_rollout(pool, version: Version, *, staleness: int | None = 1, batch: int = 2,
                  interval: int = 1, concurrency: int = 4, capacity: int = 16,
-                 **buffer_options) -> FullyAsyncRolloutFn:
+                 stall_warning_s: float = 30.0, **buffer_options) -> FullyAsyncRolloutFn:
     return FullyAsyncRolloutFn(
         pool, PromptSource(make_prompt),
         DataBuffer(capacity, max_weight_staleness=staleness, **buffer_options),
         rollout_batch_size=batch, n_samples_per_prompt=2, max_concurrent_groups=concurrency,
         admission=AdmissionControl(staleness, batch, interval), current_version=version,
+        stall_warning_s=stall_warning_s,
     )
 
 
@@ -82,6 +85,20 @@ def test_a_hold_counts_one_group_held_back_when_it_ends():
     assert admission.pop_metrics(1, full)[M + "admission_held_back"] == 0  # reset per step
 
 
+def test_the_version_awaited_is_the_first_that_admits_one_more_group():
+    admission = AdmissionControl(max_weight_staleness=1, rollout_batch_size=2,
+                                 update_weights_interval=2)
+    admission.start(version=3, trained=10)
+    full = AdmissionLoad(trained=14, queued=3, in_flight=1)  # occupancy 8 = limit at v3
+
+    awaited = admission.version_awaited(full)
+
+    assert admission.occupancy(full) == admission.limit(3) == 8
+    assert awaited == 4
+    assert admission.admits(awaited, full) and not admission.admits(awaited - 1, full)
+    assert AdmissionControl(None, 2).version_awaited(full) is None
+
+
 def test_invalid_options_are_refused():
     with pytest.raises(ValueError):
         AdmissionControl(-1, 4)
@@ -117,6 +134,36 @@ def test_producer_stops_at_the_bound_and_a_new_version_releases_one_batch():
     assert started_at_v0 == (1 + 0 + 1) * 2  # not the 8 the concurrency cap would allow
     assert still_v0 == started_at_v0  # finished groups stay queued: still counted
     assert at_v1 == started_at_v0 + 2  # one version = one batch of room
+
+
+def test_a_drain_held_back_by_the_bound_says_so_in_its_stall_warning(caplog):
+    pool, version = FakeEnginePool(), Version(0)
+    rollout = make_rollout(pool, version, staleness=0, batch=2, concurrency=8,
+                           stall_warning_s=0.02)
+
+    def held_back_warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if "rollout 1: no group" in r.getMessage()]
+
+    async def scenario():
+        first = await rollout.drain(RolloutFnTrainInput(rollout_id=0, weight_version=0),
+                                    lambda _a: 0)
+        second = asyncio.create_task(
+            rollout.drain(RolloutFnTrainInput(rollout_id=1, weight_version=0), lambda _a: 0))
+        await wait_until_async(lambda: held_back_warnings(), what="the held-back warning")
+        version.value = 1  # the publish the drain waits for
+        rollout.notify()
+        output = await second
+        await rollout.stop()
+        return first, output
+
+    with caplog.at_level(logging.WARNING, logger="orchestrator.rollout.producer"):
+        first, second = run_async(scenario)
+
+    assert len(first.samples) == len(second.samples) == 2
+    warning = held_back_warnings()[0]
+    assert "held back by the admission bound: occupancy 2 of limit 2 at v0" in warning
+    assert "waiting for v1" in warning
 
 
 def test_a_dropped_or_recycled_group_gives_its_slot_back():
