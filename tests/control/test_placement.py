@@ -19,7 +19,8 @@ from orchestrator.config import RunConfig
 from orchestrator.control import launch
 from orchestrator.control.placement import placer as placement_module
 from orchestrator.control.placement.nodes import NodeInfo
-from orchestrator.control.placement.placer import Placement, _Role, group_strategy
+from orchestrator.control.placement.placer import (Placement, _Role, group_strategy,
+                                                   start_on_a_live_node)
 from orchestrator.errors import SupervisionLimitError
 from orchestrator.control.supervision.failure_policy import FailurePolicy
 
@@ -152,6 +153,48 @@ def test_a_replacement_that_cannot_start_anywhere_hits_the_policy_limit(monkeypa
     assert len(set(cluster.sent_to)) == POLICY.max_attempts  # never the same node twice
 
 
+class SlowToAnswer(Cluster):
+    """A loaded node: its first probe goes unanswered, the next ones are answered."""
+
+    def __init__(self, listed: list[NodeInfo]) -> None:
+        super().__init__(listed)
+        self.timeouts: list[float] = []
+
+    def probe(self, node_id: str, timeout_s: float) -> bool:
+        self.timeouts.append(timeout_s)
+        return super().probe(node_id, timeout_s) and self.probed.count(node_id) > 1
+
+
+def _start_replacement(monkeypatch, cluster: Cluster, policy: FailurePolicy) -> dict[str, Any]:
+    monkeypatch.setattr(placement_module, "live_nodes", lambda: list(cluster.listed))
+    monkeypatch.setattr(placement_module, "probe_node", cluster.probe)
+    monkeypatch.setattr(placement_module, "actor_node", cluster.start)
+    monkeypatch.setattr(placement_module, "this_node_id", lambda: A.node_id)
+    return start_on_a_live_node(lambda strategy: {"strategy": strategy}, 0.5, policy)
+
+
+def test_a_replacement_probe_has_its_own_deadline_and_a_silent_round_is_retried(
+        monkeypatch) -> None:
+    cluster = SlowToAnswer([A])
+    policy = FailurePolicy(heartbeat_timeout_s=0.01, node_probe_timeout_s=42.0, max_attempts=3)
+
+    actor = _start_replacement(monkeypatch, cluster, policy)
+
+    assert actor["strategy"].node_id == A.node_id
+    assert cluster.probed == [A.node_id, A.node_id]  # unanswered once, then answered
+    assert cluster.timeouts == [42.0, 42.0]  # not the heartbeat timeout
+
+
+def test_a_replacement_no_node_answers_fails_after_the_policys_rounds(monkeypatch) -> None:
+    cluster = Cluster([A, B], answering=set())
+    policy = FailurePolicy(node_probe_timeout_s=0.5, max_attempts=2)
+
+    with pytest.raises(SupervisionLimitError, match=r"did not answer a probe within 0.5s "
+                                                    r"\(round 2\)"):
+        _start_replacement(monkeypatch, cluster, policy)
+    assert cluster.probed == [A.node_id, B.node_id] * 2
+
+
 def test_pack_puts_a_replacement_with_the_other_actors(monkeypatch) -> None:
     cluster = Cluster([A, B, C])
     _, create = _placement(monkeypatch, cluster, {"cell-0": A, "cell-1": B, "engine-0": B},
@@ -177,6 +220,27 @@ class Pinger:
 
 def _pinger(config: RunConfig, actor_id: str) -> Any:
     return ray.remote(num_cpus=launch.CELL_CPUS, **launch.scheduling_options())(Pinger).remote()
+
+
+@ray.remote(num_cpus=0.01)
+class _Replacement:
+    def ping(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+
+@pytest.mark.ray
+def test_a_replacement_starts_when_a_probe_takes_longer_than_a_heartbeat(ray_cluster) -> None:
+    # A heartbeat no probe task can meet (it starts a worker): the probe's own deadline holds.
+    policy = FailurePolicy(heartbeat_timeout_s=1e-6, node_probe_timeout_s=60.0)
+
+    actor = start_on_a_live_node(
+        lambda strategy: _Replacement.options(scheduling_strategy=strategy).remote(), 0.01,
+        policy)
+
+    try:
+        assert ray.get(actor.ping.remote(), timeout=60) == ray.get_runtime_context().get_node_id()
+    finally:
+        ray.kill(actor, no_restart=True)
 
 
 @pytest.mark.ray

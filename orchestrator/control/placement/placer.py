@@ -307,29 +307,36 @@ def start_on_a_live_node(create: Callable[[Any], Any], cpus: float, policy: Fail
     Ray may list a node alive for a health check's length after it died, and an actor it
     schedules there is cancelled before it runs. So each candidate (the caller's node first,
     then the other live nodes with ``cpus``, in id order) must answer a probe within
-    ``heartbeat_timeout_s`` before the actor goes there with hard affinity; an actor that still
+    ``node_probe_timeout_s`` before the actor goes there with hard affinity; an actor that still
     dies before it runs, or does not start within ``actor_start_timeout_s``, is killed and the
-    next node is tried.
+    next node is tried. A round in which no node took it (every probe unanswered: a loaded
+    machine, or nodes still starting workers) is tried again, up to ``max_attempts`` rounds.
 
     Raises:
-        SupervisionLimitError: no live node took it.
+        SupervisionLimitError: no live node took it in ``max_attempts`` rounds.
     """
     here = this_node_id()
-    nodes = sorted((node for node in live_nodes() if node.cpus >= cpus),
-                   key=lambda node: node.node_id != here)
     failures: list[str] = []
-    for node in nodes:
-        where = f"{node.host} ({node.node_id[:12]})"
-        if not probe_node(node.node_id, policy.heartbeat_timeout_s):
-            failures.append(f"{where} did not answer a probe")
-            continue
-        actor = create(NodeAffinitySchedulingStrategy(node.node_id, soft=False))
-        try:
-            actor_node(actor, policy.actor_start_timeout_s)
-        except (RayActorError, GetTimeoutError) as exc:
-            failures.append(f"{where}: {type(exc).__name__}")
-            _kill(actor)
-            continue
-        return actor
-    raise SupervisionLimitError("no live node took the replacement: "
-                                + ("; ".join(failures) or f"none has {cpus} CPU"))
+    for attempt in range(1, policy.max_attempts + 1):
+        nodes = sorted((node for node in live_nodes() if node.cpus >= cpus),
+                       key=lambda node: node.node_id != here)
+        for node in nodes:
+            where = f"{node.host} ({node.node_id[:12]})"
+            if not probe_node(node.node_id, policy.node_probe_timeout_s):
+                failures.append(f"{where} did not answer a probe within "
+                                f"{policy.node_probe_timeout_s:g}s (round {attempt})")
+                continue
+            actor = create(NodeAffinitySchedulingStrategy(node.node_id, soft=False))
+            try:
+                actor_node(actor, policy.actor_start_timeout_s)
+            except (RayActorError, GetTimeoutError) as exc:
+                failures.append(f"{where}: {type(exc).__name__} (round {attempt})")
+                _kill(actor)
+                continue
+            return actor
+        if not nodes:
+            failures.append(f"none has {cpus} CPU (round {attempt})")
+        if attempt < policy.max_attempts:
+            logger.warning("no live node took the replacement in round %d of %d; trying "
+                           "again", attempt, policy.max_attempts)
+    raise SupervisionLimitError("no live node took the replacement: " + "; ".join(failures))

@@ -19,6 +19,10 @@ declared once and nothing else retries or restarts:
 - ``actor_start_timeout_s``: how long a replacement actor may take to start on the node it
   was placed on; one that dies or does not start in time is placed again on another node, at
   most ``max_attempts`` times (a node that is dying is probed for ``heartbeat_timeout_s``).
+- ``node_probe_timeout_s``: how long a live node may take to run the probe task that clears it
+  for a replacement rollout manager. On a loaded node the probe may need a new worker process
+  (seconds, more than a heartbeat), so it has a deadline of its own, and the round of probes is
+  tried again, at most ``max_attempts`` times, before the replacement fails.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class FailurePolicy:
     actor_start_timeout_s: float = 180.0
     probe_grace_s: float = 30.0
     first_start_timeout_s: float = 900.0
+    node_probe_timeout_s: float = 30.0
 
     @classmethod
     def from_config(cls, config: RunConfig) -> FailurePolicy:
