@@ -15,7 +15,7 @@ export RAY_DISABLE_USAGE_STATS := 1
 
 GPU_INSTALLED := $(VENV)/.installed-gpu
 
-.PHONY: install install-vllm install-gpu gpu-check run test drills bench clean
+.PHONY: install install-vllm install-gpu gpu-check run test drills chaos bench clean
 
 install: $(INSTALLED)
 
@@ -64,6 +64,14 @@ test: install-vllm
 
 drills: install-vllm
 	$(BIN)/python -m pytest -m slow -q -ra tests
+
+# The chaos campaigns (orchestrator chaos): 20 seeds x 200 steps on SQLite, then 5 seeds on
+# PostgreSQL (CHAOS_PG) on a local 3-node cluster, node loss included; one table (faults by
+# kind, recoveries, recovery p50/p99, breaches, final reward vs the fault-free run). Exit 1 on
+# any breach. Hours on a small machine; ARGS="--sqlite-seeds 2 --postgres-seeds 0" for a taste.
+CHAOS_PG ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
+chaos: install-vllm
+	$(BIN)/python bench/chaos.py --pg-url $(CHAOS_PG) --reward-tolerance 0.2 $(ARGS)
 
 # Every benchmark, in one session (the README tables come from one such run); each prints a
 # table and asserts nothing. `make bench ARGS=--quick` is a smoke run of the first five.

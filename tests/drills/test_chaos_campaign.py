@@ -1,0 +1,88 @@
+"""The chaos campaign end to end: a real run under a seeded nemesis, judged by its ledger.
+
+The short campaign (1 seed, 40 steps, SQLite) runs in ``make test``: every fault of its
+schedule must have fired (counted from the ledger's ``fault_injected`` events, by kind), the
+driver kills must have been resumed in new processes, and the verdict must be green. The
+longer one (every kind, 200 steps) is ``slow`` (``make drills``; ``make chaos`` runs many seeds).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from ledger import EventKind, Ledger
+from orchestrator.chaos.campaign import CampaignOptions, run_campaign
+from orchestrator.chaos.nemesis import FaultKind, draw_schedule
+from orchestrator.cli import main
+
+# Seed 5 draws 8 faults of 7 kinds in 40 steps at a mean interval of 4, two of which kill the
+# job (kill-driver, kill-everything). A frozen engine is found by the probe timeout (about 40 s
+# at the drills' heartbeat), so it is left to the long campaign to keep this one short.
+SHORT = CampaignOptions(steps=40, seed=5, mean_interval=4.0, exclude=(FaultKind.FREEZE_ENGINE,))
+CRASH_KINDS = {FaultKind.KILL_DRIVER, FaultKind.KILL_EVERYTHING}
+
+
+def fault_events_by_kind(ledger_url: str, run_id: str) -> Counter[str]:
+    ledger = Ledger.open(ledger_url, readonly=True)
+    try:
+        return Counter(event.payload["fault"]["kind"] for event in ledger.events(run_id)
+                       if event.kind == EventKind.FAULT_INJECTED)
+    finally:
+        ledger.close()
+
+
+def test_the_short_campaign_draws_at_least_six_kinds_with_job_kills() -> None:
+    kinds = [k for k in FaultKind if k not in (FaultKind.FREEZE_ENGINE, FaultKind.KILL_NODE)]
+    schedule = draw_schedule(SHORT.seed, SHORT.steps, mean_interval=SHORT.mean_interval,
+                             kinds=kinds)
+
+    assert len({fault.kind for fault in schedule}) >= 6
+    assert CRASH_KINDS <= {fault.kind for fault in schedule}
+
+
+def test_a_short_campaign_fires_every_fault_recovers_and_is_green(tmp_path: Path) -> None:
+    result = run_campaign(CampaignOptions(**{**SHORT.__dict__, "runs_dir": tmp_path}))
+
+    assert result.verdict.breaches == []
+    assert result.ok and result.verdict.steps_trained == SHORT.steps
+    planned = Counter(fault.kind.value for fault in result.schedule)
+    assert fault_events_by_kind(result.ledger_url, result.run_id) == planned
+    assert len(planned) >= 6
+    assert sorted(f.index for f in result.fired) == [f.index for f in result.schedule]
+    assert all(f.recovery_s is not None and f.recovery_s >= 0 for f in result.fired)
+    crashes = sum(1 for fault in result.schedule if fault.kind in CRASH_KINDS)
+    assert result.job_processes == 1 + crashes
+    assert any("kill-node left out" in note for note in result.notes)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--steps", "0"], "--steps"),
+    (["--mean-interval", "0"], "--mean-interval must be positive"),
+    (["--exclude", "kill-the-moon"], "unknown fault kind 'kill-the-moon'"),
+    (["--steps", "4"], "leaves no step for a fault"),
+    (["--local-nodes", "3"], "--local-nodes needs a PostgreSQL --db"),
+    (["--reward-tolerance", "-1"], "--reward-tolerance must be 0 or more"),
+])
+def test_bad_campaign_flags_are_one_line_and_exit_2(capsys, tmp_path: Path, flags: list[str],
+                                                     message: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["chaos", "--runs-dir", str(tmp_path), *flags])
+
+    error = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert error.startswith("orchestrator: error:") and message in error
+    assert error.count("\n") == 1
+    assert not any(tmp_path.iterdir())  # nothing ran, nothing was written
+
+
+@pytest.mark.slow
+def test_a_long_campaign_of_every_kind_is_green(tmp_path: Path) -> None:
+    result = run_campaign(CampaignOptions(steps=200, seed=1, runs_dir=tmp_path,
+                                          reward_tolerance=0.2))
+
+    assert result.verdict.breaches == []
+    planned = Counter(fault.kind.value for fault in result.schedule)
+    assert fault_events_by_kind(result.ledger_url, result.run_id) == planned
