@@ -59,6 +59,7 @@ _POINTS: dict[FaultKind, tuple[DrillPoint, ...]] = {
     FaultKind.KILL_PUBLISHER_AFTER_COMMIT: (DrillPoint.BEFORE_STAMP,),
     FaultKind.ZOMBIE_PUBLISHER: (DrillPoint.FROZEN,),
     FaultKind.FREEZE_ENGINE: (DrillPoint.FROZEN,),
+    FaultKind.FREEZE_FOLLOWER: (DrillPoint.FROZEN,),
     FaultKind.KILL_DRIVER: CRASH_POINTS,
     FaultKind.KILL_EVERYTHING: CRASH_POINTS,
 }
@@ -117,19 +118,19 @@ class ChaosHooks(JobHooks):
     """Fire ``schedule``'s faults (less those in ``already_fired``) at their steps' ends.
 
     Hook errors of a fault are logged and never end the run: the campaign judges what the
-    ledger shows afterwards. ``engine_frozen_s`` bounds how long a frozen engine stays stopped
-    when the supervisor has not replaced it by then.
+    ledger shows afterwards. ``frozen_s`` bounds how long a frozen engine or follower stays
+    stopped when the supervisor has not replaced it by then.
     """
 
     def __init__(self, schedule: list[PlannedFault], already_fired: set[int], *, seed: int,
                  ledger: Ledger, ledger_url: str, cluster: LocalCluster | None = None,
-                 engine_frozen_s: float = 120.0) -> None:
+                 frozen_s: float = 120.0) -> None:
         self.pending = [fault for fault in schedule if fault.index not in already_fired]
         self.seed = seed
         self.ledger = ledger
         self.ledger_url = ledger_url
         self.cluster = cluster
-        self.engine_frozen_s = engine_frozen_s
+        self.frozen_s = frozen_s
         self.armed: list[JobHooks] = []
         self.threads: list[threading.Thread] = []
         self.deferrals: dict[int, int] = {}
@@ -197,26 +198,47 @@ class ChaosHooks(JobHooks):
             self.armed.append(crash)
         elif kind is FaultKind.FREEZE_ENGINE:
             self._freeze_engine(ctx, job)
+        elif kind is FaultKind.FREEZE_FOLLOWER:
+            self._freeze_follower(ctx, job)
         elif kind is FaultKind.KILL_NODE:
             NODE_SCENARIOS[kind.value].inject(ctx, job)
         else:
             SCENARIOS[kind.value].inject(ctx, job)
 
     def _freeze_engine(self, ctx: FaultContext, job: TrainingJob) -> None:
-        """SIGSTOP one engine; the supervisor's probe must find it silent and replace it. The
-        process is let go (SIGCONT) once it was replaced, or after ``engine_frozen_s``."""
-        engines = job.supervisor.engines
-        engine_id = ctx.rng.choice(sorted(engines))
-        frozen = engines[engine_id]
+        """SIGSTOP one engine: the supervisor's probe must find it silent and replace it."""
+        engine_id = ctx.rng.choice(sorted(job.supervisor.engines))
+        self._freeze(ctx, job, engine_id, lambda: job.supervisor.engines.get(engine_id),
+                     engine=engine_id)
+
+    def _freeze_follower(self, ctx: FaultContext, job: TrainingJob) -> None:
+        """SIGSTOP one follower cell: the heartbeat must drop it from the quorum (its calls
+        time out), and healing must replace it with a copy of a live cell."""
+        publisher = job.ledger.head(job.run_id).publisher_cell
+        followers = [c for c in job.supervisor.cells.alive_ids() if c != publisher]
+        if not followers:
+            raise RuntimeError("no live follower to freeze")
+        cell_id = ctx.rng.choice(followers)
+        self._freeze(ctx, job, cell_id, lambda: job.supervisor.cells.actor(cell_id),
+                     cell=cell_id)
+
+    def _freeze(self, ctx: FaultContext, job: TrainingJob, actor_id: str,
+                current: Callable[[], Any], **detail: Any) -> None:
+        """SIGSTOP ``actor_id``'s process and record the fault; a background thread lets the
+        process go (SIGCONT) once ``current()`` is another actor (it was replaced, and the
+        frozen one killed), or after ``frozen_s`` if it never is."""
+        frozen = current()
         pid = actor_pid(frozen)
         os.kill(pid, signal.SIGSTOP)
-        ctx.fired(job, engine=engine_id, pid=pid)
+        ctx.fired(job, pid=pid, **detail)
 
         def thaw_when_replaced() -> None:
-            deadline = time.monotonic() + self.engine_frozen_s
-            while job.supervisor.engines.get(engine_id) is frozen and time.monotonic() < deadline:
+            deadline = time.monotonic() + self.frozen_s
+            while current() is frozen and time.monotonic() < deadline:
                 time.sleep(0.2)
-            ctx.record.detail["replaced"] = job.supervisor.engines.get(engine_id) is not frozen
+            ctx.record.detail["replaced"] = current() is not frozen
+            logger.warning("chaos: %s %s; letting its process go", actor_id,
+                           "replaced" if current() is not frozen else "never replaced")
             with contextlib.suppress(ProcessLookupError):  # killed with its replacement
                 os.kill(pid, signal.SIGCONT)
 

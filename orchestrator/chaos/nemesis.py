@@ -23,7 +23,9 @@ __all__ = ["FaultKind", "PlannedFault", "draw_schedule", "schedule_from_payload"
 
 
 class FaultKind(str, enum.Enum):
-    """Every fault a campaign can inject; the values are the drill scenario names they reuse."""
+    """Every fault a campaign can inject; the values are the drill scenario names they reuse
+    (``freeze-engine`` and ``freeze-follower`` are the campaign's own: SIGSTOP, then SIGCONT
+    once the supervisor replaced the frozen actor)."""
 
     KILL_PUBLISHER_MID_TRAIN = "kill-publisher-mid-train"
     KILL_PUBLISHER_MID_TRANSFER = "kill-publisher-mid-transfer"
@@ -37,6 +39,7 @@ class FaultKind(str, enum.Enum):
     KILL_DRIVER = "kill-driver"
     KILL_EVERYTHING = "kill-everything"
     KILL_NODE = "kill-node"
+    FREEZE_FOLLOWER = "freeze-follower"
 
     @classmethod
     def parse(cls, names: Iterable[str]) -> list[FaultKind]:

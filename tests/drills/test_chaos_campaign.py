@@ -20,8 +20,10 @@ from orchestrator.cli import main
 
 # Seed 5 draws 8 faults of 7 kinds in 40 steps at a mean interval of 4, two of which kill the
 # job (kill-driver, kill-everything). A frozen engine is found by the probe timeout (about 40 s
-# at the drills' heartbeat), so it is left to the long campaign to keep this one short.
-SHORT = CampaignOptions(steps=40, seed=5, mean_interval=4.0, exclude=(FaultKind.FREEZE_ENGINE,))
+# at the drills' heartbeat), so the freezes are left to the long campaign and to
+# test_frozen_actors_are_replaced_and_let_go, to keep this one short.
+SHORT = CampaignOptions(steps=40, seed=5, mean_interval=4.0,
+                        exclude=(FaultKind.FREEZE_ENGINE, FaultKind.FREEZE_FOLLOWER))
 CRASH_KINDS = {FaultKind.KILL_DRIVER, FaultKind.KILL_EVERYTHING}
 
 
@@ -35,7 +37,7 @@ def fault_events_by_kind(ledger_url: str, run_id: str) -> Counter[str]:
 
 
 def test_the_short_campaign_draws_at_least_six_kinds_with_job_kills() -> None:
-    kinds = [k for k in FaultKind if k not in (FaultKind.FREEZE_ENGINE, FaultKind.KILL_NODE)]
+    kinds = [k for k in FaultKind if k not in (*SHORT.exclude, FaultKind.KILL_NODE)]
     schedule = draw_schedule(SHORT.seed, SHORT.steps, mean_interval=SHORT.mean_interval,
                              kinds=kinds)
 
@@ -76,6 +78,30 @@ def test_bad_campaign_flags_are_one_line_and_exit_2(capsys, tmp_path: Path, flag
     assert error.startswith("orchestrator: error:") and message in error
     assert error.count("\n") == 1
     assert not any(tmp_path.iterdir())  # nothing ran, nothing was written
+
+
+@pytest.mark.slow
+def test_frozen_engines_and_followers_are_replaced_and_the_run_goes_on(tmp_path: Path) -> None:
+    freezes = (FaultKind.FREEZE_ENGINE, FaultKind.FREEZE_FOLLOWER)
+    options = CampaignOptions(steps=24, seed=2, mean_interval=4.0, runs_dir=tmp_path,
+                              exclude=tuple(k for k in FaultKind if k not in freezes))
+
+    result = run_campaign(options)
+
+    assert result.verdict.breaches == []
+    assert {fault.kind for fault in result.fired} == set(freezes)
+    assert sorted(f.index for f in result.fired) == [f.index for f in result.schedule]
+    ledger = Ledger.open(result.ledger_url, readonly=True)
+    try:
+        events = list(ledger.events(result.run_id))
+    finally:
+        ledger.close()
+    frozen_cells = {e.payload["detail"]["cell"] for e in events
+                    if e.kind == EventKind.FAULT_INJECTED and "cell" in e.payload["detail"]}
+    healed = {e.cell_id for e in events
+              if e.kind == EventKind.CELL_STATE and e.payload.get("state") == "healed"}
+    assert frozen_cells and frozen_cells <= healed  # dropped from the quorum, then healed
+    assert all(f.recovery_s is not None for f in result.fired)
 
 
 @pytest.mark.slow
