@@ -149,7 +149,8 @@ def run_campaign(options: CampaignOptions) -> CampaignResult:
             "kinds": [kind.value for kind in kinds],
             "schedule": [fault.to_payload() for fault in schedule],
         })
-        processes, extra = _run_job_processes(options, config, schedule, layout, started)
+        processes, extra = _run_job_processes(options, config, schedule, layout, started,
+                                              ledger)
         wall_s = time.monotonic() - started
         final = _final_reward(layout)
         facts = CampaignFacts(
@@ -170,11 +171,14 @@ def run_campaign(options: CampaignOptions) -> CampaignResult:
 
 
 def _run_job_processes(options: CampaignOptions, config: RunConfig,
-                       schedule: list[PlannedFault], layout: RunLayout,
-                       started: float) -> tuple[int, list[Breach]]:
+                       schedule: list[PlannedFault], layout: RunLayout, started: float,
+                       ledger: Ledger) -> tuple[int, list[Breach]]:
     """Run the job, resuming it after each fault that killed it, until it ends; returns how
     many processes ran and the breaches the processes themselves showed (a hang past the
-    deadline, an exit that is neither a finish, a recorded failure nor a fault's kill)."""
+    deadline, an exit that is neither a finish, a recorded failure nor a fault's kill, a
+    SIGKILL that no planned job kill recorded)."""
+    breaches: list[Breach] = []
+    crashes_seen = 0
     resume = False
     for number in range(1, MAX_JOB_PROCESSES + 1):
         spec = write_spec(layout.run_dir / f"chaos-job-{number}.json", JobSpec(
@@ -189,14 +193,26 @@ def _run_job_processes(options: CampaignOptions, config: RunConfig,
             return number, [Breach("liveness", f"job process {number} still running at the "
                                    f"deadline of {options.deadline:g} s; killed ({log})")]
         if code == -signal.SIGKILL:
+            crashes = _job_kills_recorded(ledger, config.run_id or "")
+            if crashes <= crashes_seen:
+                breaches.append(Breach("liveness", f"job process {number} was SIGKILLed "
+                                       f"without a planned kill recorded ({log})"))
+            crashes_seen = crashes
             resume = True  # a fault killed the driver: the run goes on in a new process
             continue
         if code in (0, 1):  # finished, or failed with run_failed (the checker says why)
-            return number, []
-        return number, [Breach("liveness", f"job process {number} exited {code}: "
-                               f"{_tail(log)}")]
-    return MAX_JOB_PROCESSES, [Breach("liveness", f"more than {MAX_JOB_PROCESSES} job "
-                                      "processes: the run kept dying")]
+            return number, breaches
+        return number, [*breaches, Breach("liveness", f"job process {number} exited {code}: "
+                                          f"{_tail(log)}")]
+    return MAX_JOB_PROCESSES, [*breaches, Breach("liveness", f"more than {MAX_JOB_PROCESSES} "
+                                                 "job processes: the run kept dying")]
+
+
+def _job_kills_recorded(ledger: Ledger, run_id: str) -> int:
+    """How many planned faults that kill the job (driver, everything) the ledger records."""
+    kills = {FaultKind.KILL_DRIVER.value, FaultKind.KILL_EVERYTHING.value}
+    return sum(1 for event in ledger.events(run_id) if event.kind == EventKind.FAULT_INJECTED
+               and (event.payload.get("fault") or {}).get("kind") in kills)
 
 
 def _run_process(command: list[str], log: Path, timeout_s: float) -> int | None:

@@ -38,7 +38,7 @@ from orchestrator.control.hooks import JobHooks
 from orchestrator.drills.context import DrillPoint, FaultPlan, FaultRecord
 from orchestrator.drills.crash import CRASH_POINTS, CrashHooks
 from orchestrator.drills.faults import actor_pid
-from orchestrator.drills.node_loss import NODE_SCENARIOS
+from orchestrator.drills.node_loss import MIN_WORKER_NODES, NODE_SCENARIOS
 from orchestrator.drills.scenarios import SCENARIOS, UPDATE_KILL_POINTS
 
 if TYPE_CHECKING:
@@ -201,9 +201,30 @@ class ChaosHooks(JobHooks):
         elif kind is FaultKind.FREEZE_FOLLOWER:
             self._freeze_follower(ctx, job)
         elif kind is FaultKind.KILL_NODE:
-            NODE_SCENARIOS[kind.value].inject(ctx, job)
+            self._lose_node(ctx, job)
         else:
             SCENARIOS[kind.value].inject(ctx, job)
+
+    def _lose_node(self, ctx: FaultContext, job: TrainingJob) -> None:
+        """The kill-node drill's removal of the publisher's node; once Ray lists it dead, a
+        fresh worker node joins, so a long campaign keeps the cluster's size (a machine
+        replaced, as an operator would)."""
+        cluster = ctx.cluster
+        if cluster is None or len(cluster.worker_node_ids()) < MIN_WORKER_NODES:
+            raise RuntimeError(f"kill-node needs {MIN_WORKER_NODES} worker nodes")
+        NODE_SCENARIOS[ctx.fault.kind.value].inject(ctx, job)
+        removed = ctx.record.detail.get("node_id")
+
+        def join_a_new_node() -> None:
+            deadline = time.monotonic() + self.frozen_s
+            while "ray_detect_s" not in ctx.record.detail and time.monotonic() < deadline:
+                time.sleep(0.2)  # the drill's thread notes when Ray saw the node dead
+            joined = cluster.add_worker_node()
+            logger.warning("chaos: node %s lost, node %s joined", str(removed)[:12],
+                           joined[:12])
+
+        ctx.background(threading.Thread(target=join_a_new_node, name="chaos-node-join",
+                                        daemon=True))
 
     def _freeze_engine(self, ctx: FaultContext, job: TrainingJob) -> None:
         """SIGSTOP one engine: the supervisor's probe must find it silent and replace it."""

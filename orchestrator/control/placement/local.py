@@ -76,6 +76,14 @@ class LocalCluster:
         """The node ids of the worker nodes still in the cluster."""
         return [node.node_id for node in self.workers]
 
+    def add_worker_node(self, cpus: int = 2) -> str:
+        """Add a worker node (a new machine joining, as after a loss); returns its node id
+        once the cluster lists it."""
+        node = self.cluster.add_node(num_cpus=cpus)
+        self.cluster.wait_for_nodes()
+        self.workers.append(node)
+        return str(node.node_id)
+
     def remove_node(self, node_id: str) -> float:
         """Remove worker node ``node_id``: kill its raylet and workers, as a machine that
         dies does. Returns at once (Ray has not noticed yet: see :meth:`wait_until_dead`)
