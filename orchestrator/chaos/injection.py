@@ -134,6 +134,7 @@ class ChaosHooks(JobHooks):
         self.armed: list[JobHooks] = []
         self.threads: list[threading.Thread] = []
         self.deferrals: dict[int, int] = {}
+        self.nodes_to_replace: list[FaultContext] = []
 
     # ---- the job's hook points, forwarded to the armed faults
 
@@ -147,6 +148,7 @@ class ChaosHooks(JobHooks):
         self._each_armed(lambda hooks: hooks.before_publish(job))
 
     def on_step_end(self, job: TrainingJob, step: int) -> None:
+        self._join_nodes()
         for fault in [f for f in self.pending if f.step <= step]:
             self._fire(fault, job, step)
         self._each_armed(lambda hooks: hooks.on_step_end(job, step))
@@ -207,24 +209,23 @@ class ChaosHooks(JobHooks):
 
     def _lose_node(self, ctx: FaultContext, job: TrainingJob) -> None:
         """The kill-node drill's removal of the publisher's node; once Ray lists it dead, a
-        fresh worker node joins, so a long campaign keeps the cluster's size (a machine
-        replaced, as an operator would)."""
+        fresh worker node joins at a later step's end (:meth:`_join_nodes`), so a long
+        campaign keeps the cluster's size (a machine replaced, as an operator would)."""
         cluster = ctx.cluster
         if cluster is None or len(cluster.worker_node_ids()) < MIN_WORKER_NODES:
             raise RuntimeError(f"kill-node needs {MIN_WORKER_NODES} worker nodes")
         NODE_SCENARIOS[ctx.fault.kind.value].inject(ctx, job)
-        removed = ctx.record.detail.get("node_id")
+        self.nodes_to_replace.append(ctx)
 
-        def join_a_new_node() -> None:
-            deadline = time.monotonic() + self.frozen_s
-            while "ray_detect_s" not in ctx.record.detail and time.monotonic() < deadline:
-                time.sleep(0.2)  # the drill's thread notes when Ray saw the node dead
-            joined = cluster.add_worker_node()
-            logger.warning("chaos: node %s lost, node %s joined", str(removed)[:12],
-                           joined[:12])
-
-        ctx.background(threading.Thread(target=join_a_new_node, name="chaos-node-join",
-                                        daemon=True))
+    def _join_nodes(self) -> None:
+        """Add a worker node for each lost one Ray has seen dead (the drill's thread noted
+        when). On the driver's thread: Ray starts a node only from a process's main thread."""
+        for ctx in [c for c in self.nodes_to_replace if "ray_detect_s" in c.record.detail]:
+            self.nodes_to_replace.remove(ctx)
+            assert ctx.cluster is not None
+            joined = ctx.cluster.add_worker_node()
+            logger.warning("chaos: node %s lost, node %s joined",
+                           str(ctx.record.detail.get("node_id"))[:12], joined[:12])
 
     def _freeze_engine(self, ctx: FaultContext, job: TrainingJob) -> None:
         """SIGSTOP one engine: the supervisor's probe must find it silent and replace it."""

@@ -78,7 +78,8 @@ class LocalCluster:
 
     def add_worker_node(self, cpus: int = 2) -> str:
         """Add a worker node (a new machine joining, as after a loss); returns its node id
-        once the cluster lists it."""
+        once the cluster lists it. Call it from the process's main thread: Ray installs a
+        signal handler for every node it starts."""
         node = self.cluster.add_node(num_cpus=cpus)
         self.cluster.wait_for_nodes()
         self.workers.append(node)
