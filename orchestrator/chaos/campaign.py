@@ -223,15 +223,17 @@ def _run_process(command: list[str], log: Path, timeout_s: float) -> int | None:
     with log.open("w") as sink:
         process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT,
                                    start_new_session=True)
+        code: int | None = None
         try:
-            code: int | None = process.wait(timeout=timeout_s)
+            code = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            code = None
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
             pass
-        process.wait()
+        finally:  # also when this process is interrupted: no job outlives its campaign
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
     return code
 
 
