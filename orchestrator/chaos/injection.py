@@ -263,6 +263,12 @@ class ChaosHooks(JobHooks):
                            "replaced" if current() is not frozen else "never replaced")
             with contextlib.suppress(ProcessLookupError):  # killed with its replacement
                 os.kill(pid, signal.SIGCONT)
+                # The supervisor killed it through Ray; a process that outlives that is a
+                # zombie whose late answers the fences must refuse: say so in the log.
+                time.sleep(1.0)
+                if os.path.exists(f"/proc/{pid}"):
+                    logger.warning("chaos: the frozen %s (pid %d) outlived its replacement",
+                                   actor_id, pid)
 
         ctx.background(threading.Thread(target=thaw_when_replaced, name="chaos-thaw",
                                         daemon=True))
