@@ -94,15 +94,10 @@ class FaultContext:
 
     def record_fault_event(self) -> None:
         """Append ``fault_injected`` from :attr:`record` (with the planned fault)."""
-        record = self.record
-        self.ledger.append(self.run_id, EventKind.FAULT_INJECTED, {
-            "fault": self.fault.to_payload(), "scenario": self.plan.scenario,
-            "point": self.plan.point, "step": self.plan.step,
-            "fired_at": record.fired_at.isoformat() if record.fired_at else None,
-            "version_before": record.version_before,
-            "detail": {**{k: v for k, v in record.detail.items() if _jsonable(v)},
-                       "seq_at_fault": record.seq_at_fault},
-        })
+        payload = self.record.fault_injected(self.plan)
+        payload["detail"]["seq_at_fault"] = self.record.seq_at_fault
+        self.ledger.append(self.run_id, EventKind.FAULT_INJECTED,
+                           {"fault": self.fault.to_payload(), **payload})
 
     def background(self, thread: threading.Thread) -> None:
         """Start ``thread``; the job's process joins it before it exits."""
@@ -280,7 +275,3 @@ class ChaosHooks(JobHooks):
             except Exception as exc:  # noqa: BLE001 - a fault's error never ends the run
                 logger.warning("chaos: an armed fault failed: %s: %s", type(exc).__name__, exc)
                 self.armed.remove(hooks)
-
-
-def _jsonable(value: Any) -> bool:
-    return isinstance(value, str | int | float | bool | list | dict | type(None))

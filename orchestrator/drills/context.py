@@ -106,6 +106,17 @@ class FaultRecord:
         self.seq_at_fault, self.version_before = head.seq, head.version
         self.detail.update(detail)
 
+    def fault_injected(self, plan: FaultPlan) -> dict[str, Any]:
+        """The ``fault_injected`` payload of this record for ``plan`` (the detail values that
+        are JSON; a drill may note an object for itself)."""
+        return {
+            "scenario": plan.scenario, "point": plan.point, "step": plan.step,
+            "fired_at": self.fired_at.isoformat() if self.fired_at else None,
+            "version_before": self.version_before,
+            "detail": {key: value for key, value in self.detail.items()
+                       if isinstance(value, str | int | float | bool | list | dict | None)},
+        }
+
 
 class DrillContext(Protocol):
     """One running drill, as its scenario and fault primitives see it.

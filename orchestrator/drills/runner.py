@@ -181,13 +181,8 @@ class _Drill:
         self.record_fault_event()
 
     def record_fault_event(self) -> None:
-        record = self.record
-        self.ledger.append(self.run_id, EventKind.FAULT_INJECTED, {
-            "scenario": self.plan.scenario, "point": self.plan.point, "step": self.plan.step,
-            "fired_at": record.fired_at.isoformat() if record.fired_at else None,
-            "version_before": record.version_before,
-            "detail": {k: v for k, v in record.detail.items() if _jsonable(v)},
-        })
+        self.ledger.append(self.run_id, EventKind.FAULT_INJECTED,
+                           self.record.fault_injected(self.plan))
 
     def background(self, thread: threading.Thread) -> None:
         self._threads.append(thread)
@@ -201,10 +196,6 @@ class _Drill:
     def join_background(self) -> None:
         for thread in self._threads:
             thread.join(timeout=300)
-
-
-def _jsonable(value: Any) -> bool:
-    return isinstance(value, str | int | float | bool | list | dict | type(None))
 
 
 def run_drills(plans: list[FaultPlan], options: DrillOptions = DrillOptions(),
