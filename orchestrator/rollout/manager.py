@@ -38,6 +38,7 @@ from orchestrator.rollout.prompt_tracker import Accounting
 from orchestrator.rollout.staleness import DynamicFilter
 from orchestrator.rollout.types import (
     EnginePool,
+    PromptPosition,
     ReplaceableEnginePool,
     RolloutConfig,
     RolloutFnTrainInput,
@@ -178,7 +179,8 @@ class RolloutManager:
         Reads the ledger head first. With ``config.sync`` the producer is paused again after
         the drain, so nothing is generated while the trainer works. Metrics include
         ``rollout/fully_async/weight_version`` (the version staleness was measured against at
-        the end of the drain).
+        the end of the drain); ``prompt_position`` is :meth:`provenance_snapshot` as the drain
+        ended, for the step's ``batch_trained``.
 
         Raises:
             ProducerDiedError: the producer died (an engine pool failure) or was shut down.
@@ -190,6 +192,8 @@ class RolloutManager:
             self._current_version,
         )
         output.metrics[metric_key("weight_version")] = self._weight_version
+        dropped, next_index = self.provenance_snapshot()
+        output.prompt_position = PromptPosition(dropped, next_index)
         if self._sync:
             # The synchronous baseline generates only while a drain waits for it.
             await self._rollout.pause()

@@ -25,22 +25,32 @@ def restore_from_account(account: PromptLedger, source: PromptSource, buffer: Da
     """Load the ledger's prompt ``account`` into a fresh ``source`` and an empty ``buffer``;
     returns the number of prompts to regenerate (recycle counts start again at 0).
 
+    A held prompt may lie at or past the ledger's stream position: the lost manager issued it
+    after the last ``batch_trained`` was recorded. The stream then continues past the newest
+    held prompt (so none is issued again), and the prompts the lost manager issued below it
+    that are not held are regenerated like any in-flight prompt.
+
     Raises:
         ValueError: the account has an in-flight prompt at or beyond its stream position;
             nothing was restored.
     """
     held_set = set(held)
-    pending = [index for index in account.in_flight if index not in held_set]
-    if any(index >= account.next_index for index in pending):
+    in_flight = set(account.in_flight)
+    if any(index >= account.next_index for index in in_flight):
         raise ValueError("a pending prompt is beyond the ledger's prompt position")
-    settled_held = len(held_set & set(account.in_flight))
+    position = max(account.next_index, max(held_set, default=-1) + 1)
+    issued_unrecorded = range(account.next_index, position)
+    pending = [index for index in (*sorted(in_flight), *issued_unrecorded)
+               if index not in held_set]
+    settled_held = sum(1 for index in held_set
+                       if index in in_flight or account.next_index <= index < position)
     state: dict[str, Any] = {
-        "pending": [[index, 0] for index in pending], "entered": account.next_index,
+        "pending": [[index, 0] for index in pending], "entered": position,
         "trained": len(account.trained) + settled_held,
         "dropped": dict(account.dropped_by_reason()),
         # Per-manager counters start again; the driver carries the run's totals.
         "negative_staleness_total": 0, "missing_version_total": 0,
     }
     buffer.load_state_dict(state, source.make)
-    source.load_state_dict({"next_index": account.next_index})
+    source.load_state_dict({"next_index": position})
     return len(pending)

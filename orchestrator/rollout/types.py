@@ -166,12 +166,24 @@ class RolloutFnTrainInput:
         check_weight_version(self.weight_version)
 
 
+@dataclass(frozen=True)
+class PromptPosition:
+    """The prompt stream as a drain left it: every prompt dropped so far (index -> reason)
+    and the index of the next fresh prompt. What a step's ``batch_trained`` records; it
+    rides with the batch, so recording a step asks the rollout manager nothing."""
+
+    dropped: dict[int, str]
+    next_index: int
+
+
 @dataclass
 class RolloutFnTrainOutput:
-    """One training batch: groups' samples in group-index order, plus rollout metrics."""
+    """One training batch: groups' samples in group-index order, plus rollout metrics and,
+    from a rollout manager, the prompt position at the end of its drain."""
 
     samples: list[list[Sample]]
     metrics: dict[str, Any] = field(default_factory=dict)
+    prompt_position: PromptPosition | None = None
 
 
 @runtime_checkable

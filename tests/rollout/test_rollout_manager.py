@@ -162,7 +162,7 @@ def _record_first_batch_of_two(url: str, pool: FakeEnginePool) -> tuple[set[int]
 
     async def first_life():
         first = await manager.generate(0)
-        dropped, next_index = manager.provenance_snapshot()
+        dropped, next_index = first.prompt_position.dropped, first.prompt_position.next_index
         ProvenanceRecorder(recorder_ledger, RUN).record(
             1, first, trainer_version=5, produced_version=None, cells=["cell-0"],
             drain_version=5, dropped_prompts=dropped, next_index=next_index, recycled=0)
@@ -217,6 +217,50 @@ def test_a_new_manager_does_not_regenerate_the_prompts_the_driver_holds(sqlite_u
     assert set(restarted.prompt_states()) == set(in_flight) - set(held)
     assert restarted.accounting().balanced  # the held prompt counts as trained
     run_async(restarted.shutdown)
+
+
+def test_a_new_manager_continues_past_held_prompts_the_ledger_never_recorded(sqlite_url):
+    """The lost manager issued prompts after the last batch_trained, and the driver holds a
+    batch of two of them: the stream goes on past the newest held prompt, and the one it
+    issued below that and nobody holds is regenerated."""
+    build_ledger(sqlite_url, RUN, commits=5)
+    trained, next_index = _record_first_batch_of_two(sqlite_url, FakeEnginePool(version=5))
+    in_flight = set(range(next_index)) - trained
+    held = [next_index + 1, next_index + 2]
+
+    restarted_pool = FakeEnginePool(version=5)
+    restarted = make_manager(sqlite_url, restarted_pool)
+    pending = restarted.restore_from_ledger(held=held)
+
+    assert restarted.next_prompt_index() == next_index + 3
+    assert set(restarted.prompt_states()) == in_flight | {next_index}
+    assert pending == len(in_flight) + 1
+    assert restarted.accounting().balanced  # the held prompts count as trained
+
+    async def second_life():
+        await restarted.generate(2)
+        await restarted.shutdown()
+
+    run_async(second_life)
+    assert not set(held) & set(restarted_pool.calls)  # a held prompt is never issued again
+    assert not trained & set(restarted_pool.calls)
+
+
+def test_a_drain_carries_the_prompt_position_its_batch_trained_records(sqlite_url):
+    build_ledger(sqlite_url, RUN, commits=0)
+    manager = make_manager(sqlite_url, FakeEnginePool())
+
+    async def drained():
+        output = await manager.generate(0)
+        as_drained = manager.provenance_snapshot()  # no other task ran since the drain
+        await manager.shutdown()
+        return output, as_drained
+
+    output, (dropped, next_index) = run_async(drained)
+    position = output.prompt_position
+    assert position is not None
+    assert (position.dropped, position.next_index) == (dropped, next_index)
+    assert max(group[0].group_index for group in output.samples) < position.next_index
 
 
 def test_restore_from_ledger_refuses_a_manager_that_already_generated(sqlite_url):
