@@ -28,6 +28,7 @@ from orchestrator.control.job_options import JobOptions, JobResult, StepHooks, n
 from orchestrator.control.provenance_recorder import ProvenanceRecorder
 from orchestrator.control.publisher import Publisher
 from orchestrator.control.reporting.progress import RunProgress
+from orchestrator.control.reporting.step_phases import StepPhases
 from orchestrator.control.reporting.step_record import StepRecorder
 from orchestrator.control.reporting.tracking import open_tracker
 from orchestrator.control.resume_checks import check_witnesses, require_run
@@ -194,36 +195,46 @@ class TrainingJob:
 
     def train(self, first_step: int, bar: RunProgress) -> None:
         """The loop: drain, train, publish, checkpoint, record. Fully-async requests the drain
-        of step r+1 as soon as step r's batch is out, before r trains (the prefetch)."""
+        of step r+1 as soon as step r's batch is out, before r trains (the prefetch).
+
+        Every phase's wall seconds go in the step's record (``time/<phase>_s``, and the
+        update's own steps as ``time/update/<step>_s``); ``time/control_plane_s`` is the step
+        less its compute (the train step and the engines' part of the update: pause, load).
+        """
         supervisor = self.supervisor
         held_version = self.ledger.head(self.run_id).version  # what the trainer's weights are
         next_drain: Drain | None = supervisor.request_drain(first_step)
         for step in range(first_step, self.config.num_rollout):
             self.step = step
             step_started = time.monotonic()
-            batch = self._drain(next_drain or supervisor.request_drain(step))
-            next_drain = self._prefetch(step + 1)
-            timings = {"time/drain_wait_s": time.monotonic() - step_started}
+            phases = StepPhases()
+            with phases.timed("drain_wait"):
+                batch = self._drain(next_drain or supervisor.request_drain(step))
+                next_drain = self._prefetch(step + 1)
 
             supervisor.begin_step(batch)
-            started = time.monotonic()
-            train_metrics = self.train_step(step, batch)
-            timings["time/train_s"] = time.monotonic() - started
+            with phases.timed("train"):
+                train_metrics = self.train_step(step, batch)
 
             version = None
             if supervisor.engines_awaiting_weights or self._publish_due(step):
-                started = time.monotonic()
-                version = self.publisher.publish_weights().version
-                timings["time/update_weights_s"] = time.monotonic() - started
-            recorded = self.record_provenance(step, batch, held_version, version)
+                with phases.timed("update_weights"):
+                    outcome = self.publisher.publish_weights()
+                version = outcome.version
+                phases.add_update(outcome.step_seconds)
+            with phases.timed("provenance"):
+                recorded = self.record_provenance(step, batch, held_version, version)
             held_version = version or held_version
             head = self._head_at(recorded, held_version)  # passed on, never read back
-            self.evaluator.after_step(step, supervisor.engines)  # when due
+            with phases.timed("evaluate"):
+                self.evaluator.after_step(step, supervisor.engines)  # when due
             if self._checkpoint_due(step):
-                self.save_checkpoint(step + 1)
-            supervisor.end_step()
+                with phases.timed("checkpoint"):
+                    self.save_checkpoint(step + 1)
+            with phases.timed("end_step"):
+                supervisor.end_step()
             bar.update(self.record(step, batch, train_metrics, head, version, step_started,
-                                   timings))
+                                   phases.timings(time.monotonic() - step_started)))
             self.hooks.on_step_end(self, step)
 
     def _drain(self, drain: Drain) -> RolloutFnTrainOutput:
@@ -264,9 +275,14 @@ class TrainingJob:
                           produced_version: int | None) -> Event:
         """Append the step's ``batch_trained`` event (what it trained, on which versions, and
         the prompts it settled) and return it; from then on its prompts are on record as
-        trained."""
-        dropped_prompts, next_index = self.supervisor.call_manager(
-            lambda manager: manager.provenance_snapshot.remote())
+        trained. The prompt position comes with the batch (as its drain ended), so this is
+        one ledger append and no call to the rollout manager."""
+        position = batch.prompt_position
+        if position is None:  # a batch from a rollout function that is not the manager's
+            dropped_prompts, next_index = self.supervisor.call_manager(
+                lambda manager: manager.provenance_snapshot.remote())
+        else:
+            dropped_prompts, next_index = position.dropped, position.next_index
         return self.provenance.record(
             step + 1, batch, trainer_version=trainer_version,
             produced_version=produced_version, cells=self.supervisor.cells.alive_ids(),

@@ -21,8 +21,9 @@ publisher re-reads the head. Every call on the publisher cell is bounded by the 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,11 +47,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PublishOutcome:
-    """What one publish did: the committed version, and who published it under which epoch."""
+    """What one publish did: the committed version, who published it under which epoch, and
+    the wall seconds of each step of the sequence (``UpdateReport.step_seconds``: started,
+    stage, pause, load, commit, stamp, resume, stamped) plus ``hand_over`` (the version push
+    to the rollout manager)."""
 
     version: int
     epoch: int
     publisher_cell: str
+    step_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class Publisher:
@@ -98,10 +103,12 @@ class Publisher:
         self._before_publish()
         outcome = self.policy.run(self._attempt_sorted_out, "weight update failed")
         if self._manager is not None and self._manager.manager is not None:
+            started = time.perf_counter()
             watch = self._manager
             self._engines.hand_over(lambda engine_id, handle: watch.call(
                 lambda manager: manager.replace_engine.remote(engine_id, handle)))
             watch.call(lambda manager: manager.set_weight_version.remote(outcome.version))
+            outcome.step_seconds["hand_over"] = time.perf_counter() - started
         return outcome
 
     def _attempt_sorted_out(self) -> PublishOutcome:
@@ -130,7 +137,8 @@ class Publisher:
         engines = list(self._engines.engines.values())
         report = self._call(cell_id, self._cells.actor(cell_id).update_weights.remote(
             engines, epoch))
-        return PublishOutcome(version=report.version, epoch=epoch, publisher_cell=cell_id)
+        return PublishOutcome(version=report.version, epoch=epoch, publisher_cell=cell_id,
+                              step_seconds=dict(report.step_seconds))
 
     def save_checkpoint(self, path: Path) -> dict[str, Any]:
         """The publisher writes its state to ``path`` and records ``checkpoint_saved``.
