@@ -98,6 +98,12 @@ class RunConfig(DeviceOptions, TaskOptions):
     async_max_concurrent_samples: int = Field(
         default=16, ge=1, description="prompt groups generating at once"
     )
+    engine_call_max_groups: int = Field(
+        default=8, ge=1,
+        description="prompt groups in one call to an engine at most: the rollout manager "
+                    "sends the groups it starts together to an engine as one call and gets "
+                    "them back as one answer; 1: a call per group",
+    )
     max_recycles: int = Field(
         default=3, ge=0, description="times a stale group is recycled before it is dropped"
     )

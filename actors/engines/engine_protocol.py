@@ -3,7 +3,8 @@
 Every engine (the built-in :class:`~actors.engines.rollout_engine.RolloutEngine`, a vLLM engine, a
 benchmark double) is a plain class made a Ray actor where it is allocated. The control plane
 calls the control methods through Ray handles; the rollout manager calls :meth:`generate`
-through an :class:`~orchestrator.rollout.types.EnginePool`. Nothing here imports Ray.
+(or :meth:`generate_batch`, many groups in one call) through an
+:class:`~orchestrator.rollout.types.EnginePool`. Nothing here imports Ray.
 
 Samples (what :meth:`RolloutEngineProtocol.generate` returns)
 ------------------------------------------------------------
@@ -58,7 +59,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from orchestrator.rollout.types import Prompt, Sample
+from orchestrator.rollout.types import GroupRequest, Prompt, Sample
 
 __all__ = ["PAUSE_MODES", "RolloutEngineProtocol", "pause_mode"]
 
@@ -92,6 +93,15 @@ class RolloutEngineProtocol(Protocol):
 
         Raises:
             ValueError: ``n_samples < 1`` or the prompt leaves no room for a response.
+        """
+        ...
+
+    def generate_batch(self, requests: list[GroupRequest]) -> list[list[Sample]]:
+        """:meth:`generate` for every request at once, as if each were its own concurrent
+        call; the samples in request order, returned when every request finished.
+
+        Raises:
+            The first request's error (in request order), after all finished.
         """
         ...
 

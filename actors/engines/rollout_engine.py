@@ -45,6 +45,7 @@ from actors.device import select_device, torch_dtype
 from actors.engines.decoding import StepDecoder
 from actors.engines.engine_protocol import pause_mode
 from actors.engines.engine_state import EngineState
+from actors.engines.group_batches import GroupBatches
 from actors.engines.sampling import Decoding, SamplingParams, build_samples, top_p_filter
 from actors.errors import EngineStateError
 from actors.policies.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
@@ -52,7 +53,7 @@ from actors.task import AdditionTask
 from actors.transport import Transport, is_lora_tensor
 from actors.weight_paths import open_weights
 from actors.publishing.weight_sync import tensors_checksum
-from orchestrator.rollout.types import Prompt, Sample
+from orchestrator.rollout.types import GroupRequest, Prompt, Sample
 
 __all__ = ["ROLLOUT_ENGINE_ACTOR_OPTIONS", "RolloutEngine", "SamplingParams"]
 
@@ -112,6 +113,8 @@ class RolloutEngine:
         self.state.counters.update(parked_calls=0, resumed_calls=0, decode_steps=0)
         self._running = 0  # calls computing a token (not parked); under state.lock
         self._abort_token = 0  # bumped by an abort-mode pause; under state.lock
+        self._batches = GroupBatches(self.generate,
+                                     ROLLOUT_ENGINE_ACTOR_OPTIONS["max_concurrency"])
 
     # ---------------------------------------------------------------------------- helpers
 
@@ -161,6 +164,11 @@ class RolloutEngine:
                 state.counters["aborted_calls"] += aborted
                 state.lock.notify_all()
         return self._samples(prompt, group_index, rollout, aborted)
+
+    def generate_batch(self, requests: list[GroupRequest]) -> list[list[Sample]]:
+        """:meth:`generate` for every request at once, each on a thread of its own; the
+        samples in request order once all finished (:mod:`actors.engines.group_batches`)."""
+        return self._batches.run(requests)
 
     def _before_token(self) -> None:
         """Called before each decode step, while the call counts as running (a pause waits

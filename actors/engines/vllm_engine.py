@@ -41,6 +41,7 @@ import ray
 
 from actors.engines.engine_protocol import pause_mode
 from actors.engines.engine_state import EngineState
+from actors.engines.group_batches import GroupBatches
 from actors.engines.sampling import SamplingParams
 from actors.engines.vllm_args import (
     DEFAULT_KV_CACHE_BYTES,
@@ -55,7 +56,7 @@ from actors.policies.hf_policy import HFPolicyConfig, hf_config, read_checkpoint
 from actors.task import AdditionTask
 from actors.weight_paths import open_weights
 from actors.publishing.weight_sync import tensors_checksum
-from orchestrator.rollout.types import Prompt, Sample
+from orchestrator.rollout.types import GroupRequest, Prompt, Sample
 
 __all__ = ["VLLM_ENGINE_ACTOR_OPTIONS", "VLLM_ENVIRONMENT", "VLLMEngine"]
 
@@ -121,6 +122,8 @@ class VLLMEngine:
                                     on_outputs=self._deliver)
         self._engine_lock = self._serving.lock  # every call into vLLM
         self._tracks = self._serving.tracks  # the requests in flight, by request id
+        self._batches = GroupBatches(self.generate,
+                                     VLLM_ENGINE_ACTOR_OPTIONS["max_concurrency"])
 
     def pid(self) -> int:
         """The process id of this engine (tests and drills kill it from outside)."""
@@ -137,6 +140,11 @@ class VLLMEngine:
             ValueError: ``n_samples < 1`` or the prompt leaves no room for a response.
         """
         return self._serving.generate(prompt, n_samples, group_index, max_new_tokens)
+
+    def generate_batch(self, requests: list[GroupRequest]) -> list[list[Sample]]:
+        """:meth:`generate` for every request at once (each waits on the stepping thread, so
+        vLLM batches them); the samples in request order once all finished."""
+        return self._batches.run(requests)
 
     def _deliver(self, outputs: list[Any], version: int) -> None:
         """Called by the stepping thread, holding both locks, with one step's outputs: append

@@ -303,7 +303,8 @@ def create_rollout_manager(config: RunConfig, ledger_url: str, run_id: str,
     options = {"num_cpus": MANAGER_CPUS,
                "scheduling_strategy": scheduling_strategy or driver_node}
     return ray.remote(**options)(RolloutManager).remote(
-        ledger_url, run_id, config, make_prompt, RayEnginePool(engines)
+        ledger_url, run_id, config, make_prompt,
+        RayEnginePool(engines, max_groups_per_call=config.engine_call_max_groups),
     )
 
 

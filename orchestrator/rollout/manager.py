@@ -33,6 +33,7 @@ from orchestrator.rollout.data_buffer import DataBuffer
 from orchestrator.rollout.data_source import PromptFactory, PromptSource
 from orchestrator.rollout.errors import VersionAheadOfLedgerError, VersionRegressionError
 from orchestrator.rollout.manager_state import restore_from_account
+from orchestrator.rollout.manager_usage import ManagerUsage
 from orchestrator.rollout.producer import DEFAULT_STALL_WARNING_S, FullyAsyncRolloutFn
 from orchestrator.rollout.prompt_tracker import Accounting
 from orchestrator.rollout.staleness import DynamicFilter
@@ -99,6 +100,7 @@ class RolloutManager:
             current_version=self.get_weight_version,
         )
         self._ledger_reads = 1
+        self._usage = ManagerUsage(engine_pool)
         self._pushes_accepted = 0
         self._regressions_refused = 0
         self._ahead_refused = 0
@@ -180,7 +182,8 @@ class RolloutManager:
         the drain, so nothing is generated while the trainer works. Metrics include
         ``rollout/fully_async/weight_version`` (the version staleness was measured against at
         the end of the drain); ``prompt_position`` is :meth:`provenance_snapshot` as the drain
-        ended, for the step's ``batch_trained``.
+        ended, for the step's ``batch_trained``; and the manager's own cost since the last
+        drain (:class:`~orchestrator.rollout.manager_usage.ManagerUsage`).
 
         Raises:
             ProducerDiedError: the producer died (an engine pool failure) or was shut down.
@@ -192,6 +195,7 @@ class RolloutManager:
             self._current_version,
         )
         output.metrics[metric_key("weight_version")] = self._weight_version
+        output.metrics.update(self._usage.since_last())
         dropped, next_index = self.provenance_snapshot()
         output.prompt_position = PromptPosition(dropped, next_index)
         if self._sync:

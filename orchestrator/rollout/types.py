@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from orchestrator.rollout.errors import VersionLabelError
 
 __all__ = [
     "EnginePool",
     "Group",
+    "GroupRequest",
     "Prompt",
+    "PromptPosition",
     "ReplaceableEnginePool",
     "RolloutConfig",
     "RolloutFnTrainInput",
@@ -164,6 +166,15 @@ class RolloutFnTrainInput:
 
     def __post_init__(self) -> None:
         check_weight_version(self.weight_version)
+
+
+class GroupRequest(NamedTuple):
+    """One prompt group of a batched engine call (``generate_batch``): ``generate``'s
+    arguments."""
+
+    prompt: Prompt
+    n_samples: int
+    group_index: int
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,111 @@
+"""RayEnginePool on real engine actors: the groups started together reach each engine as one
+batched call and come back whole; a dead engine's batch comes back aborted; the cap holds."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+import ray
+
+from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
+from actors.policies.policy import PolicyConfig
+from actors.task import TOKENIZER, AdditionTask
+from orchestrator.control.engine_pool.ray_pool import RayEnginePool
+from orchestrator.rollout.types import SampleStatus
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.ray
+
+TASK = AdditionTask(seed=0)
+CONFIG = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
+LONG_CONFIG = PolicyConfig(vocab_size=TOKENIZER.vocab_size, max_sequence_length=96)
+
+
+def _engines(count: int, config: PolicyConfig = CONFIG, sampling=None) -> dict[str, object]:
+    Engine = ray.remote(**{**ROLLOUT_ENGINE_ACTOR_OPTIONS, "num_cpus": 0.1})(RolloutEngine)
+    return {f"engine-{i}": Engine.remote(f"engine-{i}", "torch", config, seed=i, task=TASK,
+                                         sampling=sampling)
+            for i in range(count)}
+
+
+def _generate_together(pool: RayEnginePool, groups: list[int], n_samples: int = 2):
+    async def together():
+        return await asyncio.gather(*(pool.generate(TASK.make_prompt(g), n_samples, g)
+                                      for g in groups))
+
+    return asyncio.run(together())
+
+
+def _generate_calls(engine) -> int:
+    return ray.get(engine.health.remote())["generate_calls"]
+
+
+def test_groups_started_together_reach_each_engine_as_one_call(ray_cluster):
+    engines = _engines(2)
+    pool = RayEnginePool(engines, max_groups_per_call=8)
+
+    results = _generate_together(pool, list(range(8)))
+
+    assert (pool.calls_sent, pool.groups_sent) == (2, 8)  # one call per engine
+    for group, samples in zip(range(8), results, strict=True):
+        assert [s.group_index for s in samples] == [group, group]
+        assert all(s.status is not SampleStatus.ABORTED for s in samples)
+        assert all(len(s.rollout_log_probs) == len(s.response_tokens) for s in samples)
+    # Least-loaded dispatch still spreads the groups: four each, run as four generates.
+    assert [_generate_calls(engine) for engine in engines.values()] == [4, 4]
+
+
+def test_one_group_per_call_when_batching_is_off_and_the_cap_splits_a_batch(ray_cluster):
+    single = RayEnginePool(_engines(1), max_groups_per_call=1)
+    _generate_together(single, list(range(5)))
+    assert (single.calls_sent, single.groups_sent) == (5, 5)
+
+    capped = RayEnginePool(_engines(1), max_groups_per_call=3)
+    results = _generate_together(capped, list(range(8)))
+    assert (capped.calls_sent, capped.groups_sent) == (3, 8)  # 3 + 3 + 2
+    assert [samples[0].group_index for samples in results] == list(range(8))
+
+
+def test_a_batch_on_an_engine_that_dies_comes_back_aborted(ray_cluster):
+    engines = _engines(2, LONG_CONFIG, sampling={"max_new_tokens": 90})
+    pool = RayEnginePool(engines, max_groups_per_call=8)
+    victim = engines["engine-0"]
+    pid = ray.get(victim.pid.remote())
+
+    async def scenario():
+        calls = [asyncio.ensure_future(pool.generate(TASK.make_prompt(g), 64, g))
+                 for g in range(4)]
+        await asyncio.sleep(0)  # the batch is sent at the end of this turn
+        await asyncio.to_thread(wait_until,
+                                lambda: ray.get(victim.health.remote())["running"] > 0,
+                                what="the victim's batch generating")
+        os.kill(pid, signal.SIGKILL)
+        return await asyncio.gather(*calls)
+
+    results = asyncio.run(scenario())
+
+    by_engine = {0: [], 1: []}
+    for group, samples in enumerate(results):  # least-loaded: groups 0, 2 -> engine-0
+        by_engine[group % 2].append(samples)
+    assert all(s.status is SampleStatus.ABORTED for batch in by_engine[0] for s in batch)
+    assert all(s.metadata["aborted_by"] == "death of engine engine-0"
+               for batch in by_engine[0] for s in batch)
+    assert all(s.status is not SampleStatus.ABORTED for batch in by_engine[1] for s in batch)
+    assert pool.alive_ids() == ["engine-1"]
+
+
+def test_an_engine_error_reaches_every_group_of_the_call(ray_cluster):
+    pool = RayEnginePool(_engines(1), max_groups_per_call=8)
+    too_long = TASK.make_prompt(0)
+    too_long = type(too_long)(index=0, tokens=(1,) * CONFIG.max_sequence_length)
+
+    async def scenario():
+        return await asyncio.gather(pool.generate(too_long, 2, 0),
+                                    pool.generate(TASK.make_prompt(1), 2, 1),
+                                    return_exceptions=True)
+
+    errors = asyncio.run(scenario())
+    assert all("leaves no room to answer" in str(error) for error in errors)
