@@ -136,6 +136,30 @@ def test_a_step_stalled_by_a_frozen_cell_is_retried_on_the_survivor_once(
     assert publisher.publish_weights().version == 1
 
 
+def test_the_step_boundary_heartbeat_gives_the_next_train_attempt_its_counts(
+    supervisor, engines
+):
+    """The heartbeat's answers are the cells' optimizer-step counts; the next train attempt
+    takes them once instead of asking again, and any change of a cell's state voids them."""
+    cells = supervisor.cells
+    alive = cells.alive_ids()
+    supervisor.train_step(batch(engines))
+
+    supervisor.check_cells()  # the boundary heartbeat (Supervisor.begin_step)
+    assert cells.take_heartbeat_progress(alive) == {"cell-0": 1, "cell-1": 1}
+    assert cells.take_heartbeat_progress(alive) is None  # taken once
+    supervisor.check_cells()
+    assert cells.take_heartbeat_progress(["cell-0"]) is None  # heard other cells
+
+    supervisor.check_cells()
+    cells.copy_state("cell-0", ["cell-1"])  # state changed since the heartbeat
+    assert cells.take_heartbeat_progress(alive) is None
+    supervisor.check_cells()
+    supervisor.train_step(batch(engines))  # took the heartbeat's counts: none left over
+    assert cells.take_heartbeat_progress(alive) is None
+    assert ray.get([cells.actor(c).progress.remote() for c in alive]) == [2, 2]
+
+
 def test_a_healed_cell_rejoins_with_the_survivors_state(supervisor, ledger, engines):
     supervisor.train_step(batch(engines))
     os.kill(pid_of(supervisor, "cell-1"), signal.SIGKILL)

@@ -174,8 +174,31 @@ def test_the_default_job_learns_and_leaves_ledger_metrics_and_plot(tmp_path: Pat
     assert result.reward_last >= result.reward_first + 0.2, (result.reward_first,
                                                             result.reward_last)
     assert result.head_version == 60
-    assert len(read_metrics(result.metrics_path)) == 60
+    metrics = read_metrics(result.metrics_path)
+    assert len(metrics) == 60
     assert result.plot_path is not None and result.plot_path.read_bytes()[:4] == b"\x89PNG"
+    _assert_steps_are_timed_phase_by_phase(metrics)
+    # Batched rollout traffic: 16 groups a step reach 2 engines in a few calls, not 16.
+    calls = sorted(m["rollout/fully_async/engine_calls"] for m in metrics[5:])
+    assert calls[len(calls) // 2] <= 4, calls
+    assert all(0.0 < m["rollout/fully_async/manager_cpu_share"] < 2.0 for m in metrics[5:])
+
+
+def _assert_steps_are_timed_phase_by_phase(metrics: list[dict]) -> None:
+    """Every step's phases are on its line and add up to no more than the step; the update
+    is split into its own steps; the control plane is the step less train and drain wait."""
+    update_steps = ("started", "stage", "pause", "load", "commit", "stamp", "resume",
+                    "stamped", "hand_over")
+    for line in metrics:
+        phases = [line[f"time/{name}_s"] for name in ("drain_wait", "train", "provenance",
+                                                       "evaluate", "end_step")]
+        phases.append(line.get("time/update_weights_s", 0.0))
+        assert sum(phases) <= line["step_s"] + 0.002, line  # each phase is rounded to 0.1 ms
+        if "time/update_weights_s" in line:
+            parts = [line[f"time/update/{name}_s"] for name in update_steps]
+            assert sum(parts) <= line["time/update_weights_s"] + 0.002, line
+        expected = line["step_s"] - line["time/drain_wait_s"] - line["time/train_s"]
+        assert abs(line["time/control_plane_s"] - expected) < 0.003, line
     assert result.ledger_url == f"sqlite:///{tmp_path / 'learns' / 'ledger.db'}"
 
 

@@ -177,7 +177,10 @@ class CellFailover:
         alive = self.cells.alive_ids()
         if not alive:
             raise NoCellAliveError("no train cell is alive")
-        before, failed = self.cells.progress(alive)
+        # The step boundary's heartbeat (Supervisor.begin_step) already asked every cell its
+        # count; only a retry, or a boundary that changed a cell since, asks again.
+        seen = self.cells.take_heartbeat_progress(alive)
+        before, failed = (seen, {}) if seen is not None else self.cells.progress(alive)
         attempt: CellStepAttempt | None = None
         if not failed:
             attempt = self.cells.train_once(groups)

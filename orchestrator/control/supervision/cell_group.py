@@ -102,6 +102,7 @@ class CellGroup:
         self._quorum_id = 0
         self._store: Any = None
         self._store_addr: str | None = None
+        self._heartbeat_progress: dict[str, int] | None = None  # see take_heartbeat_progress
         self.gradient_backend: str = cell_device_options(config)["gradient_backend"]
 
     # ------------------------------------------------------------------ membership
@@ -174,13 +175,24 @@ class CellGroup:
 
     def heartbeat(self) -> list[str]:
         """Heartbeat every alive cell; mark those that die or stay silent past the heartbeat
-        timeout. Returns them."""
-        calls = {cell_id: self._cells[cell_id].actor.pid.remote() for cell_id in self.alive_ids()}
-        _, failed = self.call_each(calls, self.policy.heartbeat_timeout_s)
+        timeout. Returns them. A cell's answer is its optimizer-step count, kept (when every
+        cell answered) for the next train attempt (:meth:`take_heartbeat_progress`): the
+        step boundary's heartbeat then also serves as the count a failed step is judged by."""
+        calls = {cell_id: self._cells[cell_id].actor.progress.remote()
+                 for cell_id in self.alive_ids()}
+        answers, failed = self.call_each(calls, self.policy.heartbeat_timeout_s)
+        self._heartbeat_progress = None if failed else answers
         lost = [cell_id for cell_id, exc in failed.items() if is_actor_loss(exc)]
         for cell_id in lost:
             self.mark_lost(cell_id, type(failed[cell_id]).__name__)
         return lost
+
+    def take_heartbeat_progress(self, cell_ids: list[str]) -> dict[str, int] | None:
+        """The optimizer-step counts of ``cell_ids`` from the last heartbeat, once, if no
+        cell's state changed since and it heard exactly these cells; else None (ask
+        :meth:`progress`)."""
+        seen, self._heartbeat_progress = self._heartbeat_progress, None
+        return seen if seen is not None and sorted(seen) == sorted(cell_ids) else None
 
     def call_each(self, calls: dict[str, Any], timeout: float
                   ) -> tuple[dict[str, Any], dict[str, BaseException]]:
@@ -252,6 +264,7 @@ class CellGroup:
             GetTimeoutError: a cell did not answer within the policy's transfer timeout.
             RayActorError: a cell died.
         """
+        self._heartbeat_progress = None
         state = self._cells[source].actor.get_state.remote()
         self._all_or_raise({c: self._cells[c].actor.set_state.remote(state) for c in targets},
                            self.policy.transfer_timeout_s)
@@ -264,6 +277,7 @@ class CellGroup:
             GetTimeoutError, RayActorError: the new cell or ``source`` did not take part in
                 time; ``cell_id`` stays lost.
         """
+        self._heartbeat_progress = None
         try:
             ray.kill(self._cells[cell_id].actor, no_restart=True)  # a frozen zombie must die
         except Exception:  # noqa: BLE001 - it may be gone already
@@ -282,6 +296,7 @@ class CellGroup:
             GetTimeoutError: a cell did not load it within the policy's transfer timeout.
             RayTaskError: a cell could not read it.
         """
+        self._heartbeat_progress = None
         alive = self.alive_ids()
         results = self._all_or_raise(
             {c: self._cells[c].actor.load_checkpoint.remote(path) for c in alive},
