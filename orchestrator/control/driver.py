@@ -133,7 +133,7 @@ class TrainingJob:
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
         self.open_run()
         self.tracker.start(self.config, self.run_id, self.ledger.head(self.run_id))
-        self.supervisor.start_engines_and_cells()
+        self.supervisor.start_engines_and_cells(with_manager=not self.options.resume)
         first_step = 0
         if self.options.resume:
             first_step = self.restore_checkpoint()

@@ -182,6 +182,7 @@ def test_the_default_job_learns_and_leaves_ledger_metrics_and_plot(tmp_path: Pat
     calls = sorted(m["rollout/fully_async/engine_calls"] for m in metrics[5:])
     assert calls[len(calls) // 2] <= 4, calls
     assert all(0.0 < m["rollout/fully_async/manager_cpu_share"] < 2.0 for m in metrics[5:])
+    assert result.ledger_url == f"sqlite:///{tmp_path / 'learns' / 'ledger.db'}"
 
 
 def _assert_steps_are_timed_phase_by_phase(metrics: list[dict]) -> None:
@@ -199,7 +200,6 @@ def _assert_steps_are_timed_phase_by_phase(metrics: list[dict]) -> None:
             assert sum(parts) <= line["time/update_weights_s"] + 0.002, line
         expected = line["step_s"] - line["time/drain_wait_s"] - line["time/train_s"]
         assert abs(line["time/control_plane_s"] - expected) < 0.003, line
-    assert result.ledger_url == f"sqlite:///{tmp_path / 'learns' / 'ledger.db'}"
 
 
 def test_orchestrator_run_prints_where_everything_is(tmp_path: Path, capsys):

@@ -109,10 +109,12 @@ class Supervisor:
         self.cells.start()
         self.failover.reform()
 
-    def start_engines_and_cells(self) -> None:
-        """Create the engines and the cells at once, then wait for both and form the first
-        quorum: the engines warm up while the cells load their policies (start-up is the
-        slower of the two, not their sum).
+    def start_engines_and_cells(self, *, with_manager: bool = False) -> None:
+        """Create the engines and the cells (and, ``with_manager``, the rollout manager of a
+        new run) at once, then wait for the engines and the cells and form the first quorum:
+        every actor's process boots while the others load (start-up is the slowest of them,
+        not their sum). A new run's manager only opens the ledger until its first drain; a
+        resumed run's is started later (:meth:`start_manager`), after the checkpoint.
 
         Raises:
             StartupError: an engine did not answer within ``first_start_timeout_s``.
@@ -120,13 +122,17 @@ class Supervisor:
         """
         self.engine_restarts.create()
         self.cells.create()
+        if with_manager:
+            self.manager_watch.start()
         self.engine_restarts.wait_started()
         self.cells.wait_started()
         self.failover.reform()
 
     def start_manager(self, *, restore: bool = False) -> None:
-        """Create the rollout manager; ``restore``: it continues the ledger's prompt stream."""
-        self.manager_watch.start(restore=restore)
+        """Create the rollout manager, unless :meth:`start_engines_and_cells` did; ``restore``:
+        it continues the ledger's prompt stream."""
+        if self.manager_watch.manager is None or restore:
+            self.manager_watch.start(restore=restore)
 
     # ------------------------------------------------------------------ the step boundary
 
