@@ -199,7 +199,7 @@ class TrainingJob:
 
         Every phase's wall seconds go in the step's record (``time/<phase>_s``, and the
         update's own steps as ``time/update/<step>_s``); ``time/control_plane_s`` is the step
-        less its compute (the train step and the engines' part of the update: pause, load).
+        less the train step and the drain wait (:mod:`.reporting.step_phases`).
         """
         supervisor = self.supervisor
         held_version = self.ledger.head(self.run_id).version  # what the trainer's weights are
@@ -278,16 +278,12 @@ class TrainingJob:
         trained. The prompt position comes with the batch (as its drain ended), so this is
         one ledger append and no call to the rollout manager."""
         position = batch.prompt_position
-        if position is None:  # a batch from a rollout function that is not the manager's
-            dropped_prompts, next_index = self.supervisor.call_manager(
-                lambda manager: manager.provenance_snapshot.remote())
-        else:
-            dropped_prompts, next_index = position.dropped, position.next_index
+        assert position is not None, "every drained batch comes from RolloutManager.generate"
         return self.provenance.record(
             step + 1, batch, trainer_version=trainer_version,
             produced_version=produced_version, cells=self.supervisor.cells.alive_ids(),
             drain_version=int(batch.metrics.get(metric_key("weight_version"), trainer_version)),
-            dropped_prompts=dropped_prompts, next_index=next_index,
+            dropped_prompts=position.dropped, next_index=position.next_index,
             recycled=int(batch.metrics.get(metric_key("recycled"), 0)),
         )
 
