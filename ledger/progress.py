@@ -25,7 +25,11 @@ from ledger.provenance import BatchView, PromptLedger, parse_batch
 
 __all__ = ["Progress", "ProgressSource", "load_progress"]
 
-STATE_FORMAT = 2  # bumped when to_json changes; a snapshot of another format is not used
+# Bumped when to_json changes; a snapshot of another format is not used. Format 3 (issue 22)
+# writes the id maps' progression rows (ledger.id_ranges); format 2 is the same state without
+# them, still read, and still what verify compares a format-2 snapshot with.
+STATE_FORMAT = 3
+READABLE_FORMATS = (2, 3)
 
 
 @dataclass
@@ -127,18 +131,23 @@ class Progress:
             self.apply(event)
         return self
 
-    def to_json(self) -> dict[str, Any]:
-        """The state as JSON (what a snapshot stores)."""
+    def to_json(self, state_format: int = STATE_FORMAT) -> dict[str, Any]:
+        """The state as JSON (what a snapshot stores), in ``state_format`` (one of
+        :data:`READABLE_FORMATS`)."""
+        if state_format not in READABLE_FORMATS:
+            raise ValueError(f"snapshot format {state_format!r}, not one of {READABLE_FORMATS}")
+        progressions = state_format >= 3
         return {
-            "format": STATE_FORMAT, "last_seq": self.last_seq, "head_hash": self.head_hash,
+            "format": state_format, "last_seq": self.last_seq, "head_hash": self.head_hash,
             "head_version": self.head_version, "epoch": self.epoch,
-            "publisher_cell": self.publisher_cell, "prompts": self.prompts.to_json(),
-            "steps": self.steps.to_json(), "last_step_seq": self.last_step_seq,
+            "publisher_cell": self.publisher_cell,
+            "prompts": self.prompts.to_json(progressions),
+            "steps": self.steps.to_json(progressions), "last_step_seq": self.last_step_seq,
             "last_checkpoint": self.last_checkpoint, "checkpoints": self.checkpoints,
             "promotions": self.promotions, "resumes": self.resumes,
             "malformed": self.malformed, "outcome": self.outcome,
             "engines": {engine: list(view) for engine, view in sorted(self.engines.items())},
-            "stamped": self.stamped.to_json(),
+            "stamped": self.stamped.to_json(progressions),
         }
 
     @classmethod
@@ -148,8 +157,9 @@ class Progress:
         Raises:
             KeyError, TypeError, ValueError: ``data`` is not such a state (or another format).
         """
-        if data.get("format") != STATE_FORMAT:
-            raise ValueError(f"snapshot format {data.get('format')!r}, not {STATE_FORMAT}")
+        if data.get("format") not in READABLE_FORMATS:
+            raise ValueError(f"snapshot format {data.get('format')!r}, not one of "
+                             f"{READABLE_FORMATS}")
         return cls(
             last_seq=int(data["last_seq"]), head_hash=str(data["head_hash"]),
             head_version=int(data["head_version"]), epoch=int(data["epoch"]),

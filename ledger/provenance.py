@@ -222,10 +222,11 @@ class PromptLedger:
         if isinstance(position, int) and not isinstance(position, bool):
             self.next_index = max(self.next_index, position)
 
-    def to_json(self) -> dict[str, Any]:
-        """The account as JSON (for a read-model snapshot; :meth:`from_json` reads it back)."""
-        return {"next_index": self.next_index, "trained": self.trained.to_json(),
-                "dropped": self.dropped.to_json(), "recycled": self.recycled,
+    def to_json(self, progressions: bool = True) -> dict[str, Any]:
+        """The account as JSON (for a read-model snapshot; :meth:`from_json` reads it back);
+        ``progressions`` as in :meth:`IdMap.to_json`."""
+        return {"next_index": self.next_index, "trained": self.trained.to_json(progressions),
+                "dropped": self.dropped.to_json(progressions), "recycled": self.recycled,
                 "last_step": self.last_step, "carried_over": self.carried_over,
                 "resumes": self.resumes, "twice": list(self.twice)}
 

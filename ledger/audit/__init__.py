@@ -43,6 +43,7 @@ from ledger.errors import LedgerError, UnknownRunError
 from ledger.audit.event_checks import EventChecker
 from ledger.audit.state import AuditState
 from ledger.events import Event, RunRecord, canonical_json
+from ledger.progress import READABLE_FORMATS, STATE_FORMAT as PROGRESS_FORMAT
 from ledger.redact import contains_secret
 from ledger.audit.report import AuditReport, Problem
 from ledger.audit.witness import BEHIND, Witness, describe_missing_run
@@ -205,13 +206,24 @@ def _check_stored(checker: EventChecker, event: Event, check: str, head_hash: st
         checker.problem(event.seq, f"{check}_hash", f"the {what} at seq {event.seq} holds hash "
                         f"{str(head_hash)[:12]}, not the chain's {event.hash[:12]}")
         return
-    folded = (checker.state.progress.to_json() if check == "snapshot"
-              else checker.state.to_json())
+    folded = _folded_as(checker, check, state)
     if state != folded:
         differing = sorted(key for key in folded if not isinstance(state, dict)
                            or state.get(key) != folded[key])
         checker.problem(event.seq, f"{check}_mismatch", f"the {what} at seq {event.seq} "
                         f"disagrees with the replay ({', '.join(differing[:6]) or 'format'})")
+
+
+def _folded_as(checker: EventChecker, check: str, state: Any) -> dict[str, Any]:
+    """The replay's state in the progress format the stored ``state`` was written in (a
+    snapshot of an older format that still reads back is compared in its own form)."""
+    progress = state if check == "snapshot" else (
+        state.get("progress") if isinstance(state, dict) else None)
+    written = progress.get("format") if isinstance(progress, dict) else None
+    progress_format = written if written in READABLE_FORMATS else PROGRESS_FORMAT
+    if check == "snapshot":
+        return checker.state.progress.to_json(progress_format)
+    return checker.state.to_json(progress_format)
 
 
 def _table_problems(record: RunRecord, checker: EventChecker, readable: bool) -> list[Problem]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.progress import Progress
+from ledger.progress import STATE_FORMAT as PROGRESS_FORMAT, Progress
 
 __all__ = ["AuditState"]
 
@@ -34,9 +34,10 @@ class AuditState:
         """Committed versions (1..head) that no ``engines_stamped`` names."""
         return self.progress.unstamped_versions
 
-    def to_json(self) -> dict[str, Any]:
-        """The state as JSON (what an audit checkpoint stores)."""
-        return {"format": STATE_FORMAT, "progress": self.progress.to_json(),
+    def to_json(self, progress_format: int = PROGRESS_FORMAT) -> dict[str, Any]:
+        """The state as JSON (what an audit checkpoint stores), its progress in
+        ``progress_format``."""
+        return {"format": STATE_FORMAT, "progress": self.progress.to_json(progress_format),
                 "promoted_cells": sorted(self.promoted_cells), "first_kind": self.first_kind}
 
     @classmethod

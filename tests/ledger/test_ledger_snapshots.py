@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from ledger import EventKind, Ledger
 from ledger.cli.app import app
-from ledger.progress import Progress
+from ledger.progress import Progress, load_progress
 from ledger.provenance import prompt_digest
 from ledger.schema import audit_checkpoints, ledger_events, projection_snapshots
 from tests.ledger_helpers import execute, loosen_idempotency_key, plant_event
@@ -59,6 +59,12 @@ def _seqs(url: str, table: sa.Table) -> list[int]:
 def _verify(url: str, *args: str) -> dict:
     result = CliRunner().invoke(app, ["--db", url, "verify", "-o", "json", *args], env=ENV)
     return json.loads(result.stdout)
+
+
+def load_progress_of(ledger: Ledger) -> tuple[Progress, int]:
+    """The run's progress as a resume reads it, and the seq it folded from."""
+    with ledger.snapshot() as reader:
+        return load_progress(reader, RUN, reader.head(RUN).seq)
 
 
 def _full_fold(ledger: Ledger) -> dict:
@@ -160,6 +166,40 @@ def test_a_snapshot_whose_hash_is_not_the_chains_is_not_trusted(grown: str):
 
     assert [(p["seq"], p["check"]) for p in answer["problems"]] == [(20, "snapshot_hash")]
     assert progress.to_json() == full  # the reader fell back to the snapshot at seq 14
+
+
+def _as_format_2(url: str, table: sa.Table, seq: int) -> dict:
+    """Rewrite the stored state at ``seq`` as a ledger from before progression rows wrote it."""
+    with Ledger.open(url, readonly=True) as ledger:
+        progress = Progress().fold(ledger.events(RUN, 1, seq))
+    old = progress.to_json(state_format=2)
+    state = old if table is projection_snapshots else {
+        "format": 1, "progress": old, "promoted_cells": ["c0"], "first_kind": "run_started"}
+    _set_state(url, table, seq, state=state)
+    return state
+
+
+def test_a_snapshot_and_a_checkpoint_of_the_older_format_are_still_trusted(grown: str):
+    for table in (projection_snapshots, audit_checkpoints):
+        _as_format_2(grown, table, 20)
+
+    with Ledger.open(grown, readonly=True) as ledger:
+        progress, folded_from = load_progress_of(ledger)
+        full = _full_fold(ledger)
+
+    assert folded_from == 21 and progress.to_json() == full
+    assert _verify(grown)["ok"]
+    assert _verify(grown, "--since-verified")["verified_from"] == {RUN: 21}
+
+
+def test_a_wrong_state_in_the_older_format_is_still_a_mismatch(grown: str):
+    state = _as_format_2(grown, projection_snapshots, 14)
+    state["prompts"]["trained"][0][2] = 5  # ids 0-3 trained by step 5, not 1
+    _set_state(grown, projection_snapshots, 14, state=state)
+
+    answer = _verify(grown)
+
+    assert [(p["seq"], p["check"]) for p in answer["problems"]] == [(14, "snapshot_mismatch")]
 
 
 def test_a_forged_audit_checkpoint_is_named_and_not_trusted(grown: str):
