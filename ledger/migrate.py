@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
+from ledger.store.codecs import SCHEMA_HEAD
 from ledger.store.connection import create_engine, normalise_url, transaction
 from ledger.errors import LedgerError, SchemaError
 from ledger.redact import redact_url
@@ -35,7 +36,6 @@ __all__ = [
 ]
 
 _PG_MIGRATION_LOCK = 0x6C6564676572  # "ledger": serialises concurrent schema upgrades
-SCHEMA_HEAD = "0004"  # the newest revision in migrations/versions (tests check it)
 
 
 def alembic_config(connection: sa.Connection | None = None) -> Config:

@@ -36,7 +36,7 @@ __all__ = [
 
 class _Payload(BaseModel):
     # Extra keys are kept (forward compatible, drills attach context); declared keys are checked.
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, defer_build=True)
 
 
 class RunStarted(_Payload):
@@ -109,7 +109,7 @@ class CheckpointSaved(_Payload):
 
 
 class StalenessSummary(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     # Not bounded below: a negative staleness is recorded as it is and the audit reports it.
     min: int
     avg: float
@@ -130,7 +130,7 @@ class PromptOutcomes(BaseModel):
     way, so old ledgers verify unchanged.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     trained: PromptIds
     dropped: dict[str, PromptIds] = Field(default_factory=dict)
     recycled: int = Field(default=0, ge=0)

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
+if TYPE_CHECKING:  # imported where a URL is parsed: redact_text runs in every CLI command
+    import sqlalchemy as sa
 
 __all__ = [
     "PASSWORD_MASK",
@@ -59,6 +60,8 @@ def redact_url(url: str | sa.URL) -> str:
     Accepts what :func:`sqlalchemy.make_url` accepts; anything else is redacted as text, so this
     never raises and never returns a password.
     """
+    import sqlalchemy as sa
+
     try:
         parsed = url if isinstance(url, sa.URL) else sa.make_url(url)
     except (sa.exc.ArgumentError, ValueError, TypeError):
@@ -81,6 +84,8 @@ def url_without_password(url: str | sa.URL) -> str:
     be run (``LEDGER_DB=... ledger verify``), the password then coming from ``PGPASSWORD`` or
     ``~/.pgpass`` (a masked ``***`` would be sent as the password). Never raises.
     """
+    import sqlalchemy as sa
+
     try:
         parsed = url if isinstance(url, sa.URL) else sa.make_url(url)
     except (sa.exc.ArgumentError, ValueError, TypeError):

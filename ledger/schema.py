@@ -8,10 +8,12 @@ and can become visible out of commit order.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+
+from ledger.store.codecs import digest_hex, micros_since_epoch, time_from_stored
 
 __all__ = [
     "Digest",
@@ -28,43 +30,8 @@ __all__ = [
     "version_uses",
 ]
 
-# How an event's hash and time are stored (since revision 0004, issue 22: a run writes four
-# rows a step for hundreds of thousands of steps, so each row's bytes add up). A digest is 64 hex
-# characters in Python (the chain, witnesses, CLI) and its 32 bytes in the database; a naive UTC
-# time is integer microseconds since the epoch on SQLite (whose DATETIME is 26 characters of
-# text) and the native 8-byte timestamp on PostgreSQL. Both round-trip exactly, as the hash
-# needs. The raw-SQL readers decode with digest_hex and time_from_stored.
-_EPOCH = datetime(1970, 1, 1)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def micros_since_epoch(moment: datetime) -> int:
-    """A naive UTC time as whole microseconds since 1970-01-01 (exact)."""
-    return (moment - _EPOCH) // _MICROSECOND
-
-
-def time_from_stored(value: Any) -> datetime:
-    """A stored event time as a naive UTC datetime: SQLite's integer microseconds, a driver's
-    datetime, or ISO text (what a row written by hand may hold).
-
-    Raises:
-        ValueError, TypeError: anything else.
-    """
-    if isinstance(value, datetime):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return _EPOCH + timedelta(microseconds=value)
-    if isinstance(value, str):
-        return datetime.fromisoformat(value)
-    raise TypeError(f"not a time: {value!r}")
-
-
-def digest_hex(value: Any) -> str:
-    """A stored digest as hex text: raw bytes (bytes or a driver's memoryview) are encoded;
-    text (a row written by hand) is returned as it is, for the audit to judge."""
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).hex()
-    return value
+# How an event's hash and time are stored: see ledger.store.codecs (no SQLAlchemy there, so the
+# CLI's plain-driver reads decode rows without importing it).
 
 
 class Digest(sa.types.TypeDecorator):

@@ -28,16 +28,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
-
 from ledger.cli.args import QueryError, database_url, parse_kinds, parse_range, parse_time
+from ledger.cli.session import Source, run_header, select_run, snapshot
 from ledger.errors import UnknownRunError
 from ledger.events import Event, EventKind
-from ledger.migrate import head_revision
 from ledger.progress import load_progress
-from ledger.cli.session import run_header, select_run, snapshot
+from ledger.store.codecs import SCHEMA_HEAD
 from ledger.store.reads import Reader
-from ledger.store import Ledger
 
 if TYPE_CHECKING:  # the read model (and the payload models it reads through) is loaded by
     from ledger.projections import RunState  # the commands that fold, not by `status`
@@ -62,7 +59,7 @@ __all__ = [
 # ---------------------------------------------------------------------- reading
 
 
-def _database_header(ledger: Ledger, reader: Reader, run_count: int) -> dict[str, Any]:
+def _database_header(ledger: Source, reader: Reader, run_count: int) -> dict[str, Any]:
     return {
         "backend": ledger.backend,
         "schema_revision": reader.schema_revision(),
@@ -170,7 +167,7 @@ def status(url: str, run_id: str | None) -> dict[str, Any]:
             "backend": ledger.backend,
             "url": ledger.url,
             "schema_revision": revision,
-            "schema_head": head_revision(),
+            "schema_head": SCHEMA_HEAD,
         }
 
 
@@ -359,6 +356,8 @@ def lag(url: str, run_id: str | None) -> dict[str, Any]:
 
 def sqlite_path(url: str) -> Path | None:
     """The file behind a SQLite URL, else None."""
+    import sqlalchemy as sa
+
     parsed = sa.make_url(url)
     if parsed.get_backend_name() != "sqlite" or not parsed.database:
         return None

@@ -1,29 +1,54 @@
 """One CLI answer's session: the ledger opened read-only, one snapshot of it, and the run the
-answer is about (with the head row the answer's header shows)."""
+answer is about (with the head row the answer's header shows).
+
+A SQLite file is read through the standard library's ``sqlite3``
+(:mod:`ledger.store.plain`), so a command's start-up does not import SQLAlchemy; the reader
+and its SQL are the store's. Anything else (PostgreSQL, a URL with options, a file that is
+missing or of another schema) opens :class:`~ledger.store.Ledger`, whose errors the user sees.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from ledger.cli.args import QueryError
 from ledger.errors import UnknownRunError
 from ledger.events import Head
-from ledger.store import Ledger
+from ledger.store.plain import open_sqlite_snapshot
 from ledger.store.reads import Reader
 
-__all__ = ["run_header", "select_run", "snapshot"]
+__all__ = ["Source", "run_header", "select_run", "snapshot"]
+
+
+class Source(Protocol):
+    """Where an answer was read: a :class:`~ledger.store.Ledger` or a plain SQLite source."""
+
+    @property
+    def backend(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+
+    @property
+    def url(self) -> str:
+        """The database URL, safe to print."""
 
 
 @contextmanager
-def snapshot(url: str) -> Iterator[tuple[Ledger, Reader]]:
+def snapshot(url: str) -> Iterator[tuple[Source, Reader]]:
     """The ledger at ``url``, read-only, and one snapshot of it for the whole answer."""
+    plain = open_sqlite_snapshot(url)
+    if plain is not None:
+        with plain as (source, reader):
+            yield source, reader
+        return
+    from ledger.store import Ledger
+
     with Ledger.open(url, readonly=True) as ledger, ledger.snapshot() as reader:
         yield ledger, reader
 
 
-def select_run(ledger: Ledger, reader: Reader, run_id: str | None) -> tuple[str, Head]:
+def select_run(ledger: Source, reader: Reader, run_id: str | None) -> tuple[str, Head]:
     """The run asked for, else the only or newest run; with its head row.
 
     Raises:

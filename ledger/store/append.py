@@ -18,13 +18,13 @@ from ledger.errors import FencedError, IdempotencyConflictError, LedgerError
 from ledger.events import (
     GENESIS_HASH,
     PUBLISHER_KINDS,
-    UNKNOWN_PREV_HASH,
     Event,
     EventKind,
     Head,
     event_hash,
 )
 from ledger.schema import ledger_events, run_heads, runs, version_uses
+from ledger.store.codecs import chained_prev_hash
 
 __all__ = [
     "IDENTITY_PAYLOAD_KEYS",
@@ -57,15 +57,6 @@ PREV_HASH = (
     .scalar_subquery()
     .label("prev_hash")
 )
-
-
-def chained_prev_hash(seq: int, hash_before: str | None) -> str:
-    """The ``prev_hash`` of the event at ``seq``, given the hash of the row at ``seq - 1``
-    (None: no such row): the genesis hash for the first event, :data:`UNKNOWN_PREV_HASH` for
-    an event whose predecessor is missing (a gap the audit reports)."""
-    if seq == 1:
-        return GENESIS_HASH
-    return UNKNOWN_PREV_HASH if hash_before is None else hash_before
 
 
 def row_to_event(row: sa.Row) -> Event:

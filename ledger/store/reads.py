@@ -1,44 +1,50 @@
-"""Reads on one open connection: head rows, event pages, runs.
+"""Reads on one open connection: head rows, event pages, runs, as plain SQL.
 
 :class:`Reader` answers from the transaction its connection is in. The store runs one short
 read transaction per call (retried on an outage); a snapshot (``Ledger.snapshot()``) keeps one
 transaction open across many calls so that they all see the same state.
+
+Every query is plain SQL text with ``:name`` parameters, run through a :class:`Rows`
+executor: SQLAlchemy's connection for the store (:func:`sqlalchemy_rows`), or a DB-API
+connection for the CLI's reads of a SQLite file (:mod:`ledger.store.plain`), which then never
+import SQLAlchemy. Rows come back as the driver returns them and are decoded here
+(:mod:`ledger.store.codecs`): on SQLite, JSON as text, hashes as bytes, event times as integer
+microseconds; PostgreSQL's driver decodes JSON and times itself. The two executors run the same
+SQL, so they cannot drift apart.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-import sqlalchemy as sa
-
-from ledger.store.append import PREV_HASH, chained_prev_hash, row_to_event
 from ledger.errors import LedgerError, UnknownRunError
 from ledger.events import Event, Head, RunRecord
-from ledger.schema import (
-    audit_checkpoints,
+from ledger.store.codecs import (
+    chained_prev_hash,
+    decode_json,
     digest_hex,
-    ledger_events,
-    projection_snapshots,
-    run_heads,
-    runs,
-    time_from_stored,
-    version_uses,
+    event_from_row,
+    event_with_prev_hash,
+    head_from_row,
+    run_row_from,
 )
+from ledger.store.rows import Rows, sqlalchemy_rows
 
-__all__ = ["READ_PAGE", "Reader", "RunSummary"]
+__all__ = ["READ_PAGE", "Reader", "Rows", "RunSummary", "VersionUse", "sqlalchemy_rows"]
 
 READ_PAGE = 1_000
-# Built once: building a select costs as much as running it on SQLite, and the rollout path
-# reads the head every drain.
-_HEAD_ROW = sa.select(run_heads).where(run_heads.c.run_id == sa.bindparam("run_id"))
-_HASH_AT = sa.select(ledger_events.c.hash).where(
-    ledger_events.c.run_id == sa.bindparam("run_id"), ledger_events.c.seq == sa.bindparam("seq")
-)
+
+
+class VersionUse(NamedTuple):
+    """One ``version_uses`` row: a batch that trained on ``samples`` samples of a version."""
+
+    seq: int
+    train_step: int
+    samples: int
 
 
 @dataclass(frozen=True)
@@ -86,74 +92,81 @@ def _decoding(what: str) -> Iterator[None]:
         raise LedgerError(f"{what}: {detail}") from exc
 
 
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
-
-
 def _record(
     run_id: str, run_row: Any | None, head: Head | None, last_seq: int | None
 ) -> RunRecord:
     return RunRecord(
         run_id=run_id,
         created_at=None if run_row is None else run_row.created_at,
-        config=None if run_row is None else _json(run_row.config),
+        config=None if run_row is None else run_row.config,
         head=head,
         last_event_seq=last_seq,
     )
 
 
-# Event pages are read as plain text SQL, without SQLAlchemy's result processing: decoding
-# the time and the JSON here is several times cheaper per row, and verify reads every row.
 # prev_hash is not stored: a page's rows chain to each other, and its first to the row before
-# (read as the page's lead row).
-_EVENT_COLUMNS = ("run_id, seq, kind, version, cell_id, epoch, idempotency_key, payload, "
-                  "hash, recorded_at, train_step")
-_EVENT_PAGE = sa.text(
-    f"SELECT {_EVENT_COLUMNS} FROM ledger_events WHERE run_id = :run_id AND seq >= :first "
-    "AND seq <= :last ORDER BY seq LIMIT :limit"
-)
-_USES_FROM = sa.text("SELECT seq, version, train_step, samples FROM version_uses "
-                     "WHERE run_id = :run_id AND seq >= :first")
-_NO_END = 2**62
+# (read as the page's lead row); a single event selects it beside the row.
+_EVENT_COLUMNS = ("e.run_id, e.seq, e.kind, e.version, e.cell_id, e.epoch, e.idempotency_key, "
+                  "e.payload, e.hash, e.recorded_at, e.train_step")
+_WITH_PREV_HASH = (f"SELECT {_EVENT_COLUMNS}, (SELECT p.hash FROM ledger_events p "
+                   "WHERE p.run_id = e.run_id AND p.seq = e.seq - 1) FROM ledger_events e ")
+_EVENT_PAGE = (f"SELECT {_EVENT_COLUMNS} FROM ledger_events e WHERE e.run_id = :run_id "
+               "AND e.seq >= :first AND e.seq <= :last ORDER BY e.seq LIMIT :limit")
+_AT_VERSION = _WITH_PREV_HASH + "WHERE e.run_id = :run_id AND e.version = :version"
 # A literal, not a bound parameter: SQLite uses the partial index on batch_trained rows only
 # when the query's term matches the index's WHERE as written.
-_IS_BATCH = ledger_events.c.kind == sa.literal_column("'batch_trained'")
-
-
-def _raw_event(row: Any, prev_hash: str) -> Event:
-    """An event from a raw row (SQLite: JSON as text, time as integer microseconds;
-    PostgreSQL: decoded), chained to ``prev_hash``.
-
-    Raises:
-        ValueError, TypeError: corrupt JSON or time.
-    """
-    (run_id, seq, kind, version, cell_id, epoch, key, payload, digest, recorded_at,
-     train_step) = row
-    if not isinstance(payload, dict):
-        payload = json.loads(payload)
-        if not isinstance(payload, dict):
-            raise ValueError("payload is not a JSON object")
-    return Event(run_id=run_id, seq=seq, kind=kind, payload=payload,
-                 recorded_at=time_from_stored(recorded_at), prev_hash=prev_hash,
-                 hash=digest_hex(digest), version=version, cell_id=cell_id, epoch=epoch,
-                 idempotency_key=key, train_step=train_step)
-
-
-def head_from_row(row: Any) -> Head:
-    """A ``run_heads`` row as a :class:`Head`."""
-    return Head(row.head_version, row.epoch, row.publisher_cell, row.last_seq, row.head_hash)
+_BATCH_AT_STEP = (_WITH_PREV_HASH + "WHERE e.run_id = :run_id AND e.kind = 'batch_trained' "
+                  "AND e.train_step = :train_step ORDER BY e.seq LIMIT 1")
+_STEP_BOUNDS = ("SELECT min(train_step), max(train_step) FROM ledger_events "
+                "WHERE run_id = :run_id AND kind = 'batch_trained'")
+_OF_KIND = (_WITH_PREV_HASH + "WHERE e.run_id = :run_id AND e.kind = :kind "
+            "AND e.seq >= :first AND e.seq <= :last ORDER BY e.seq")
+_HASH_AT = "SELECT hash FROM ledger_events WHERE run_id = :run_id AND seq = :seq"
+_HEAD_COLUMNS = "head_version, epoch, publisher_cell, last_seq, head_hash"
+_HEAD_ROW = f"SELECT {_HEAD_COLUMNS} FROM run_heads WHERE run_id = :run_id"
+_ALL_HEADS = f"SELECT run_id, {_HEAD_COLUMNS} FROM run_heads"
+_VERSION_USES = ("SELECT seq, train_step, samples FROM version_uses "
+                 "WHERE run_id = :run_id AND version = :version ORDER BY seq")
+_USES_FROM = ("SELECT seq, version, train_step, samples FROM version_uses "
+              "WHERE run_id = :run_id AND seq >= :first")
+# A join driven by the tail (a primary-key range), each key looked up in the unique index: as
+# an IN (subquery), SQLite scans every event of the run instead.
+_EARLIER_KEYS = ("SELECT earlier.idempotency_key, earlier.seq FROM ledger_events later "
+                 "JOIN ledger_events earlier ON earlier.run_id = later.run_id "
+                 "AND earlier.idempotency_key = later.idempotency_key "
+                 "WHERE later.run_id = :run_id AND later.seq >= :first AND earlier.seq < :first")
+_STATE_TABLES = ("projection_snapshots", "audit_checkpoints")
+_RUN_ROWS = "SELECT run_id, created_at, config FROM runs"
+_RUN_ROW = _RUN_ROWS + " WHERE run_id = :run_id"
+_FIRST_RUN_ID = "SELECT min(run_id) FROM ledger_events"
+_NEXT_RUN_ID = "SELECT min(run_id) FROM ledger_events WHERE run_id > :run_id"
+_LAST_SEQ = "SELECT max(seq) FROM ledger_events WHERE run_id = :run_id"
+_NEWEST_RUN = "SELECT run_id FROM runs ORDER BY created_at DESC, run_id DESC LIMIT 1"
+_HAS_VERSION_TABLE = {
+    "sqlite": "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'",
+    "postgresql": "SELECT to_regclass('alembic_version') IS NOT NULL",
+}
+_NO_END = 2**62
 
 
 class Reader:
     """Read queries bound to one connection (and so to the transaction it is in)."""
 
-    def __init__(self, conn: sa.Connection) -> None:
-        self.conn = conn
+    def __init__(self, rows: Rows) -> None:
+        self.rows = rows
 
-    def head_row(self, run_id: str) -> sa.Row | None:
+    def _first(self, sql: str, params: Mapping[str, Any]) -> Sequence[Any] | None:
+        return next(iter(self.rows(sql, params)), None)
+
+    def _scalar(self, sql: str, params: Mapping[str, Any] | None = None) -> Any:
+        row = next(iter(self.rows(sql, params)), None)
+        return None if row is None else row[0]
+
+    def head_row(self, run_id: str) -> Head | None:
         """The run's ``run_heads`` row, or None."""
         with _decoding("corrupt head row in the ledger"):
-            return self.conn.execute(_HEAD_ROW, {"run_id": run_id}).first()
+            row = self._first(_HEAD_ROW, {"run_id": run_id})
+            return None if row is None else head_from_row(row)
 
     def head(self, run_id: str) -> Head:
         """The run's head row.
@@ -161,10 +174,10 @@ class Reader:
         Raises:
             UnknownRunError: the run has no head row.
         """
-        row = self.head_row(run_id)
-        if row is None:
+        head = self.head_row(run_id)
+        if head is None:
             raise UnknownRunError(run_id)
-        return head_from_row(row)
+        return head
 
     def event_page(
         self, run_id: str, start_seq: int, end_seq: int | None, limit: int = READ_PAGE
@@ -175,7 +188,7 @@ class Reader:
             LedgerError: a row that cannot be decoded (corrupt JSON or time).
         """
         lead = 1 if start_seq > 1 else 0  # the row before, for the first event's prev_hash
-        rows = self.conn.execute(_EVENT_PAGE, {
+        rows = self.rows(_EVENT_PAGE, {
             "run_id": run_id, "first": start_seq - lead, "limit": limit + lead,
             "last": end_seq if end_seq is not None else _NO_END,
         })
@@ -186,7 +199,7 @@ class Reader:
                 seq = row[1]
                 hash_before = before[1] if before is not None and before[0] == seq - 1 else None
                 if seq >= start_seq:
-                    page.append(_raw_event(row, chained_prev_hash(seq, hash_before)))
+                    page.append(event_from_row(row, chained_prev_hash(seq, hash_before)))
                 before = (seq, digest_hex(row[8]))
         return page[:limit]
 
@@ -208,54 +221,36 @@ class Reader:
 
     def event_at_version(self, run_id: str, version: int) -> Event | None:
         """The ``weight_committed`` event of ``version``, or None."""
-        row = self.conn.execute(
-            sa.select(ledger_events, PREV_HASH).where(
-                ledger_events.c.run_id == run_id, ledger_events.c.version == version
-            )
-        ).first()
+        row = self._first(_AT_VERSION, {"run_id": run_id, "version": version})
         with _decoding(f"run {run_id!r}: corrupt event row at version {version}"):
-            return None if row is None else row_to_event(row)
+            return None if row is None else event_with_prev_hash(row)
 
     def event_hash_at(self, run_id: str, seq: int) -> str | None:
         """The stored hash of the event at ``seq`` (None: no such event); one PK lookup."""
-        return self.conn.execute(
-            _HASH_AT, {"run_id": run_id, "seq": seq}
-        ).scalar()
+        found = self._scalar(_HASH_AT, {"run_id": run_id, "seq": seq})
+        return None if found is None else digest_hex(found)
 
     def batch_at_step(self, run_id: str, train_step: int) -> Event | None:
         """The first ``batch_trained`` event of ``train_step`` (index on kind and step)."""
-        row = self.conn.execute(
-            sa.select(ledger_events, PREV_HASH)
-            .where(ledger_events.c.run_id == run_id,
-                   _IS_BATCH, ledger_events.c.train_step == train_step)
-            .order_by(ledger_events.c.seq).limit(1)
-        ).first()
+        row = self._first(_BATCH_AT_STEP, {"run_id": run_id, "train_step": train_step})
         with _decoding(f"run {run_id!r}: corrupt batch_trained row of step {train_step}"):
-            return None if row is None else row_to_event(row)
+            return None if row is None else event_with_prev_hash(row)
 
     def step_bounds(self, run_id: str) -> tuple[int | None, int | None]:
         """The lowest and highest train step a ``batch_trained`` records (index only)."""
-        row = self.conn.execute(
-            sa.select(sa.func.min(ledger_events.c.train_step),
-                      sa.func.max(ledger_events.c.train_step))
-            .where(ledger_events.c.run_id == run_id,
-                   _IS_BATCH)
-        ).one()
-        return row[0], row[1]
+        row = self._first(_STEP_BOUNDS, {"run_id": run_id})
+        return (None, None) if row is None else (row[0], row[1])
 
-    def version_uses(self, run_id: str, version: int) -> list[sa.Row]:
-        """(seq, train_step, samples) of every batch that trained on samples of ``version``."""
-        return list(self.conn.execute(
-            sa.select(version_uses.c.seq, version_uses.c.train_step, version_uses.c.samples)
-            .where(version_uses.c.run_id == run_id, version_uses.c.version == version)
-            .order_by(version_uses.c.seq)
-        ))
+    def version_uses(self, run_id: str, version: int) -> list[VersionUse]:
+        """Every batch that trained on samples of ``version``, in seq order."""
+        return [VersionUse(*row) for row in self.rows(
+            _VERSION_USES, {"run_id": run_id, "version": version})]
 
     def version_uses_from(self, run_id: str, first_seq: int = 1) -> dict[int, dict[int, tuple]]:
         """seq -> {version: (train_step, samples)} of the run's ``version_uses`` rows with
         ``seq >= first_seq`` (what verify re-derives from the payloads; one range scan)."""
         found: dict[int, dict[int, tuple]] = {}
-        for seq, version, train_step, samples in self.conn.execute(_USES_FROM, {
+        for seq, version, train_step, samples in self.rows(_USES_FROM, {
                 "run_id": run_id, "first": first_seq}):
             found.setdefault(seq, {})[version] = (train_step, samples)
         return found
@@ -263,62 +258,44 @@ class Reader:
     def events_of_kind(self, run_id: str, kind: str, first_seq: int, last_seq: int
                        ) -> list[Event]:
         """Events of one kind with ``first_seq <= seq <= last_seq`` (primary-key range)."""
-        query = (sa.select(ledger_events, PREV_HASH)
-                 .where(ledger_events.c.run_id == run_id, ledger_events.c.kind == kind,
-                        ledger_events.c.seq.between(first_seq, last_seq))
-                 .order_by(ledger_events.c.seq))
+        rows = self.rows(_OF_KIND, {"run_id": run_id, "kind": kind, "first": first_seq,
+                                    "last": last_seq})
         with _decoding(f"run {run_id!r}: corrupt {kind} row in seq {first_seq}..{last_seq}"):
-            return [row_to_event(row) for row in self.conn.execute(query)]
+            return [event_with_prev_hash(row) for row in rows]
 
     def earlier_keys(self, run_id: str, from_seq: int) -> dict[str, int]:
         """key -> seq of every event below ``from_seq`` whose idempotency key an event at or
         after ``from_seq`` holds too (none, unless the unique constraint was lost): one query,
         the later keys never leave the database."""
-        later, earlier = ledger_events.alias("later"), ledger_events.alias("earlier")
-        # A join driven by the tail (a primary-key range), each key looked up in the unique
-        # index: as an IN (subquery), SQLite scans every event of the run instead.
-        rows = self.conn.execute(
-            sa.select(earlier.c.idempotency_key, earlier.c.seq)
-            .select_from(later.join(earlier, sa.and_(
-                earlier.c.run_id == later.c.run_id,
-                earlier.c.idempotency_key == later.c.idempotency_key)))
-            .where(later.c.run_id == run_id, later.c.seq >= from_seq,
-                   earlier.c.seq < from_seq)
-        )
-        return {row.idempotency_key: row.seq for row in rows}
+        return {key: seq for key, seq in self.rows(
+            _EARLIER_KEYS, {"run_id": run_id, "first": from_seq})}
 
     def latest_snapshot(self, run_id: str, max_seq: int) -> tuple[int, str, Any] | None:
         """(seq, head_hash, state) of the newest read-model snapshot at or below ``max_seq``."""
-        return self._latest(projection_snapshots, run_id, max_seq)
+        return self._latest("projection_snapshots", run_id, max_seq)
 
     def latest_audit_checkpoint(self, run_id: str, max_seq: int
                                 ) -> tuple[int, str, Any] | None:
         """(seq, head_hash, state) of the newest audit checkpoint at or below ``max_seq``."""
-        return self._latest(audit_checkpoints, run_id, max_seq)
+        return self._latest("audit_checkpoints", run_id, max_seq)
 
     def stored_states(self, table: str, run_id: str) -> list[tuple[int, str, Any]]:
         """Every (seq, head_hash, state) of ``projection_snapshots`` or ``audit_checkpoints``
         for the run, in seq order (verify checks each)."""
-        chosen = {"projection_snapshots": projection_snapshots,
-                  "audit_checkpoints": audit_checkpoints}[table]
-        rows = self.conn.execute(
-            sa.select(chosen.c.seq, chosen.c.head_hash, chosen.c.state)
-            .where(chosen.c.run_id == run_id).order_by(chosen.c.seq)
-        )
+        rows = self.rows(f"SELECT seq, head_hash, state FROM {_state_table(table)} "
+                         "WHERE run_id = :run_id ORDER BY seq", {"run_id": run_id})
         with _decoding(f"run {run_id!r}: corrupt {table} row"):
-            return [(row.seq, row.head_hash, _json(row.state)) for row in rows]
+            return [(seq, head_hash, decode_json(state)) for seq, head_hash, state in rows]
 
-    def _latest(self, table: sa.Table, run_id: str, max_seq: int
+    def _latest(self, table: str, run_id: str, max_seq: int
                 ) -> tuple[int, str, Any] | None:
-        row = self.conn.execute(
-            sa.select(table.c.seq, table.c.head_hash, table.c.state)
-            .where(table.c.run_id == run_id, table.c.seq <= max_seq)
-            .order_by(table.c.seq.desc()).limit(1)
-        ).first()
+        row = self._first(f"SELECT seq, head_hash, state FROM {_state_table(table)} "
+                          "WHERE run_id = :run_id AND seq <= :max_seq ORDER BY seq DESC "
+                          "LIMIT 1", {"run_id": run_id, "max_seq": max_seq})
         if row is None:
             return None
         try:
-            return row.seq, row.head_hash, _json(row.state)
+            return row[0], row[1], decode_json(row[2])
         except (ValueError, TypeError):
             return None  # an unreadable state is never trusted; verify names it
 
@@ -331,10 +308,8 @@ class Reader:
             LedgerError: a row that cannot be decoded.
         """
         with _decoding("corrupt row in the ledger"):
-            run_rows = {row.run_id: row for row in self.conn.execute(sa.select(runs))}
-            heads = {
-                row.run_id: head_from_row(row) for row in self.conn.execute(sa.select(run_heads))
-            }
+            run_rows = {row[0]: run_row_from(row) for row in self.rows(_RUN_ROWS)}
+            heads = {row[0]: head_from_row(row[1:]) for row in self.rows(_ALL_HEADS)}
             last_seqs = self._last_seqs()
             return [
                 _record(run_id, run_rows.get(run_id), heads.get(run_id), last_seqs.get(run_id))
@@ -345,14 +320,10 @@ class Reader:
         """Run id -> newest seq, for every run id the events hold: one index seek per run
         (the next run id, then its max seq), not a GROUP BY over every event."""
         found: dict[str, int] = {}
-        run_id = self.conn.execute(sa.select(sa.func.min(ledger_events.c.run_id))).scalar()
+        run_id = self._scalar(_FIRST_RUN_ID)
         while run_id is not None:
-            found[run_id] = self.conn.execute(
-                sa.select(sa.func.max(ledger_events.c.seq))
-                .where(ledger_events.c.run_id == run_id)).scalar()
-            run_id = self.conn.execute(
-                sa.select(sa.func.min(ledger_events.c.run_id))
-                .where(ledger_events.c.run_id > run_id)).scalar()
+            found[run_id] = self._scalar(_LAST_SEQ, {"run_id": run_id})
+            run_id = self._scalar(_NEXT_RUN_ID, {"run_id": run_id})
         return found
 
     def run_record(self, run_id: str) -> RunRecord | None:
@@ -362,16 +333,12 @@ class Reader:
             LedgerError: a row that cannot be decoded.
         """
         with _decoding("corrupt row in the ledger"):
-            run_row = self.conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).first()
-            head_row = self.head_row(run_id)
-            last_seq = self.conn.execute(
-                sa.select(sa.func.max(ledger_events.c.seq)).where(
-                    ledger_events.c.run_id == run_id
-                )
-            ).scalar()
-            if run_row is None and head_row is None and last_seq is None:
+            found = self._first(_RUN_ROW, {"run_id": run_id})
+            run_row = None if found is None else run_row_from(found)
+            head = self.head_row(run_id)
+            last_seq = self._scalar(_LAST_SEQ, {"run_id": run_id})
+            if run_row is None and head is None and last_seq is None:
                 return None
-            head = None if head_row is None else head_from_row(head_row)
             return _record(run_id, run_row, head, last_seq)
 
     def runs(self) -> list[RunSummary]:
@@ -386,14 +353,16 @@ class Reader:
     def newest_run_id(self) -> str | None:
         """The run id of the newest ``runs`` row (one indexed query), or None."""
         with _decoding("corrupt row in the ledger"):
-            return self.conn.execute(
-                sa.select(runs.c.run_id)
-                .order_by(runs.c.created_at.desc(), runs.c.run_id.desc())
-                .limit(1)
-            ).scalar()
+            return self._scalar(_NEWEST_RUN)
 
     def schema_revision(self) -> str | None:
-        """The Alembic revision stamped in the database."""
-        from ledger.migrate import current_revision  # migrate imports the store
+        """The Alembic revision stamped in the database (None: no ledger schema)."""
+        if not self._scalar(_HAS_VERSION_TABLE[self.rows.dialect]):
+            return None
+        return self._scalar("SELECT version_num FROM alembic_version")
 
-        return current_revision(self.conn)
+
+def _state_table(table: str) -> str:
+    if table not in _STATE_TABLES:
+        raise ValueError(f"not a stored-state table: {table!r}")
+    return table
