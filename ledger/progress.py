@@ -23,7 +23,14 @@ from ledger.events import GENESIS_HASH, Event, EventKind
 from ledger.id_ranges import IdMap
 from ledger.provenance import BatchView, PromptLedger, parse_batch
 
-__all__ = ["Progress", "ProgressSource", "load_progress"]
+__all__ = [
+    "EngineStamps",
+    "Progress",
+    "ProgressSource",
+    "load_engine_stamps",
+    "load_progress",
+    "trusted_snapshot",
+]
 
 # Bumped when to_json changes; a snapshot of another format is not used. Format 3 (issue 22)
 # writes the id maps' progression rows (ledger.id_ranges); format 2 is the same state without
@@ -187,24 +194,66 @@ class ProgressSource(Protocol):
                ) -> Iterable[Event]:
         """The run's events in seq order."""
 
+    def events_of_kind(self, run_id: str, kind: str, first_seq: int, last_seq: int
+                       ) -> list[Event]:
+        """The run's events of one kind in ``first_seq..last_seq``, in seq order."""
+
+
+@dataclass(frozen=True)
+class EngineStamps:
+    """What ``ledger lag`` needs of a run's progress."""
+
+    engines: dict[str, list[Any]]  # engine -> [stamped version, seq, node_id, host]
+    unstamped_versions: list[int]
+
+
+def trusted_snapshot(source: ProgressSource, run_id: str, head_seq: int) -> Progress | None:
+    """The run's newest snapshot at or below ``head_seq``, if its hash is the chain's hash at
+    its seq and its state reads back (else None: ``ledger verify`` names the bad one)."""
+    found = source.latest_snapshot(run_id, head_seq)
+    if found is None:
+        return None
+    seq, head_hash, state = found
+    if source.event_hash_at(run_id, seq) != head_hash:
+        return None
+    try:
+        progress = Progress.from_json(state)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if progress.last_seq != seq or progress.head_hash != head_hash:
+        return None
+    return progress
+
 
 def load_progress(source: ProgressSource, run_id: str, head_seq: int) -> tuple[Progress, int]:
     """The run's progress at ``head_seq`` and the seq it was folded from (1: no usable
-    snapshot). A snapshot is used only if its hash is the chain's hash at its seq and its state
-    reads back; otherwise the run is folded from event 1 (``ledger verify`` names the bad one).
+    snapshot): the trusted snapshot (:func:`trusted_snapshot`) and the events after it, or
+    every event.
 
     Raises:
         LedgerError: an event row that cannot be decoded.
     """
-    found = source.latest_snapshot(run_id, head_seq)
-    if found is not None:
-        seq, head_hash, state = found
-        if source.event_hash_at(run_id, seq) == head_hash:
-            try:
-                progress = Progress.from_json(state)
-            except (KeyError, TypeError, ValueError):
-                progress = None
-            if progress is not None and progress.last_seq == seq \
-                    and progress.head_hash == head_hash:
-                return progress.fold(source.events(run_id, seq + 1, head_seq)), seq + 1
-    return Progress().fold(source.events(run_id, 1, head_seq)), 1
+    progress = trusted_snapshot(source, run_id, head_seq)
+    if progress is None:
+        return Progress().fold(source.events(run_id, 1, head_seq)), 1
+    first = progress.last_seq + 1
+    return progress.fold(source.events(run_id, first, head_seq)), first
+
+
+def load_engine_stamps(source: ProgressSource, run_id: str, head_seq: int) -> EngineStamps:
+    """Each engine's newest stamp and the versions never stamped, at ``head_seq``: what
+    :func:`load_progress` gives, from the trusted snapshot and only the commits and stamps
+    after it (the other three events of a step, and the batch parse, are not read).
+
+    Raises:
+        LedgerError: an event row that cannot be decoded.
+    """
+    progress = trusted_snapshot(source, run_id, head_seq) or Progress()
+    first = progress.last_seq + 1
+    for event in source.events_of_kind(run_id, EventKind.WEIGHT_COMMITTED.value, first,
+                                       head_seq):
+        progress.apply(event)  # the head version: a maximum, so order does not matter
+    for event in source.events_of_kind(run_id, EventKind.ENGINES_STAMPED.value, first,
+                                       head_seq):
+        progress.apply(event)
+    return EngineStamps(progress.engines, progress.unstamped_versions)

@@ -32,7 +32,7 @@ from ledger.cli.args import QueryError, database_url, parse_kinds, parse_range, 
 from ledger.cli.session import Source, run_header, select_run, snapshot
 from ledger.errors import UnknownRunError
 from ledger.events import Event, EventKind
-from ledger.progress import load_progress
+from ledger.progress import load_engine_stamps
 from ledger.store.codecs import SCHEMA_HEAD
 from ledger.store.reads import Reader
 
@@ -331,10 +331,11 @@ def cells(url: str, run_id: str | None) -> dict[str, Any]:
 
 def lag(url: str, run_id: str | None) -> dict[str, Any]:
     """Per engine: the newest version it was stamped with, the head, the lag between, and the
-    node it was last stamped on (from the run's progress: its newest snapshot plus the tail)."""
+    node it was last stamped on (from the run's newest trusted snapshot plus the commits and
+    stamps after it)."""
     with snapshot(url) as (ledger, reader):
         run_id, head = select_run(ledger, reader, run_id)
-        progress, _ = load_progress(reader, run_id, head.seq)
+        stamps = load_engine_stamps(reader, run_id, head.seq)
     header = run_header(run_id, head)
     return {
         "header": header,
@@ -348,9 +349,9 @@ def lag(url: str, run_id: str | None) -> dict[str, Any]:
                 "node_id": node_id,
                 "host": host,
             }
-            for engine_id, (stamped, last_seq, node_id, host) in sorted(progress.engines.items())
+            for engine_id, (stamped, last_seq, node_id, host) in sorted(stamps.engines.items())
         ],
-        "unstamped_versions": progress.unstamped_versions,
+        "unstamped_versions": stamps.unstamped_versions,
     }
 
 

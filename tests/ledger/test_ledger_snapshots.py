@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from ledger import EventKind, Ledger
 from ledger.cli.app import app
-from ledger.progress import Progress, load_progress
+from ledger.progress import Progress, load_engine_stamps, load_progress
 from ledger.provenance import prompt_digest
 from ledger.schema import audit_checkpoints, ledger_events, projection_snapshots
 from tests.ledger_helpers import execute, loosen_idempotency_key, plant_event
@@ -281,3 +281,23 @@ def test_lineage_of_a_step_and_a_version_come_from_indexed_lookups(grown: str):
     assert answer["trained_by"] == [{"train_step": 3, "samples": 8, "of_samples": 8,
                                      "seq": 11, "produced_version": 3}]
     assert answer["engines"] == [{"engine_id": "e0", "seq": 7}]
+
+
+def test_lag_reads_the_snapshot_and_the_later_commits_and_stamps_as_a_full_fold(grown: str):
+    with Ledger.open(grown, snapshot_every=0) as ledger:
+        _step(ledger, 7, 1)  # a tail after the snapshot at seq 20: v7 stamped on e0
+        version = ledger.commit_weights(RUN, cell_id="c0", epoch=1, train_step=8,
+                                        idempotency_key="commit:8")  # v8, never stamped
+        ledger.append(RUN, EventKind.ENGINES_STAMPED, {"version": 6, "engine_ids": ["e1"]},
+                      cell_id="c0", epoch=1, idempotency_key="late-stamp")
+    for forged in (False, True):
+        if forged:  # an untrusted snapshot: both fold from event 1
+            _set_state(grown, projection_snapshots, 20, head_hash="c" * 64)
+        with Ledger.open(grown, readonly=True) as ledger, ledger.snapshot() as reader:
+            stamps = load_engine_stamps(reader, RUN, reader.head(RUN).seq)
+            full = Progress().fold(reader.events(RUN))
+
+        assert (stamps.engines, stamps.unstamped_versions) == (
+            full.engines, full.unstamped_versions)
+        assert stamps.unstamped_versions == [version]
+        assert {engine: view[0] for engine, view in stamps.engines.items()} == {"e0": 7, "e1": 6}
