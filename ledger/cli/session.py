@@ -1,10 +1,11 @@
 """One CLI answer's session: the ledger opened read-only, one snapshot of it, and the run the
 answer is about (with the head row the answer's header shows).
 
-A SQLite file is read through the standard library's ``sqlite3``
-(:mod:`ledger.store.plain`), so a command's start-up does not import SQLAlchemy; the reader
-and its SQL are the store's. Anything else (PostgreSQL, a URL with options, a file that is
-missing or of another schema) opens :class:`~ledger.store.Ledger`, whose errors the user sees.
+A ledger is read through its driver alone (:mod:`ledger.store.plain`: ``sqlite3``, or
+psycopg), so a command's start-up does not import SQLAlchemy; the reader and its SQL are the
+store's. Anything else (a URL not written as the store prints it, a file that is missing or of
+another schema, a server that does not answer) opens :class:`~ledger.store.Ledger`, whose
+errors the user sees.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Protocol
 from ledger.cli.args import QueryError
 from ledger.errors import UnknownRunError
 from ledger.events import Head
-from ledger.store.plain import open_sqlite_snapshot
+from ledger.store.plain import open_plain_snapshot
 from ledger.store.reads import Reader
 
 __all__ = ["Source", "run_header", "select_run", "snapshot"]
@@ -37,7 +38,7 @@ class Source(Protocol):
 @contextmanager
 def snapshot(url: str) -> Iterator[tuple[Source, Reader]]:
     """The ledger at ``url``, read-only, and one snapshot of it for the whole answer."""
-    plain = open_sqlite_snapshot(url)
+    plain = open_plain_snapshot(url)
     if plain is not None:
         with plain as (source, reader):
             yield source, reader

@@ -1,12 +1,16 @@
-"""Read-only snapshots of a SQLite ledger through the standard library's ``sqlite3``, for the
-CLI: the same :class:`~ledger.store.reads.Reader` and SQL as the store, without importing
-SQLAlchemy (a third of a command's start-up, where the answer itself takes milliseconds).
+"""Read-only snapshots of a ledger through its driver alone (the standard library's ``sqlite3``,
+or psycopg), for the CLI: the same :class:`~ledger.store.reads.Reader` and SQL as the store,
+without importing SQLAlchemy (a third of a command's start-up, where the answer itself takes
+milliseconds).
 
-:func:`open_sqlite_snapshot` answers only the plain case: a ``sqlite:///PATH`` URL, a file that
-exists, and the schema this code reads. For anything else it returns None and the caller opens
-:class:`~ledger.store.Ledger`, so every error message (no file, no schema, an old one, a bad
-URL) stays the store's own. The snapshot is what the store's is on SQLite: a deferred read
-transaction in WAL mode, which sees one state from its first read to its end.
+:func:`open_plain_snapshot` answers only the plain case: a ``sqlite:///PATH`` URL and a file
+that exists, or a ``postgresql+psycopg://USER[:PASSWORD]@HOST[:PORT]/DB[?KEY=VALUE...]`` URL
+written as the store prints it, and the schema this code reads. For anything else it returns None
+and the caller opens :class:`~ledger.store.Ledger`, so every error message (no file, no
+schema, an old one, a bad URL) stays the store's own; a server that does not answer is
+reported as the store reports it. The snapshot is what the store's is: on SQLite a deferred read transaction in WAL mode,
+which sees one state from its first read to its end; on PostgreSQL ``REPEATABLE READ READ
+ONLY``.
 """
 
 from __future__ import annotations
@@ -14,23 +18,28 @@ from __future__ import annotations
 import re
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote, quote_plus, unquote, unquote_plus
 
 from ledger.errors import LedgerError, LedgerUnavailableError
 from ledger.redact import redact_text
 from ledger.store.codecs import SCHEMA_HEAD
 from ledger.store.reads import Reader
 
-__all__ = ["PlainSource", "open_sqlite_snapshot", "plain_sqlite_path"]
+__all__ = ["PlainSource", "open_plain_snapshot", "plain_postgres_args", "plain_sqlite_path"]
 
 # A URL whose path SQLAlchemy renders back unchanged (no escapes, no query): the status answer
 # prints the URL, and must print what the store would.
 _PLAIN_URL = re.compile(r"sqlite:///(?P<path>[\w./~+ -]+)")
 _BUSY_TIMEOUT_MS = 30_000  # as the store's (ledger.store.connection.SQLITE_BUSY_TIMEOUT_MS)
+_WORD = r"[\w.-]+"
+_PLAIN_PG_URL = re.compile(
+    rf"postgresql\+psycopg://(?P<user>{_WORD})(?::(?P<password>[^@/?#\s]+))?"
+    rf"@(?P<host>{_WORD})(?::(?P<port>\d+))?/(?P<dbname>{_WORD})(?:\?(?P<query>\S+))?")
+Snapshot = AbstractContextManager[tuple["PlainSource", Reader]]
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,27 @@ class PlainSource:
 
     backend: str
     url: str
+
+
+class _PsycopgRows:
+    """A :class:`~ledger.store.rows.Rows` over a psycopg connection (``:name`` parameters
+    rewritten to psycopg's ``%(name)s``, once per query)."""
+
+    dialect = "postgresql"
+    _converted: dict[str, str] = {}
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def __call__(self, sql: str, params: Mapping[str, Any] | None = None
+                 ) -> Iterable[Sequence[Any]]:
+        converted = self._converted.get(sql)
+        if converted is None:
+            converted = self._converted[sql] = _NAMED.sub(r"%(\1)s", sql.replace("%", "%%"))
+        return self.conn.execute(converted, params or {})
+
+
+_NAMED = re.compile(r"(?<![:\w]):(\w+)")
 
 
 class _Sqlite3Rows:
@@ -60,9 +90,73 @@ def plain_sqlite_path(url: str) -> Path | None:
     return None if matched is None else Path(matched["path"])
 
 
-def open_sqlite_snapshot(url: str) -> Iterator[tuple[PlainSource, Reader]] | None:
-    """A snapshot of the SQLite ledger at ``url`` (a context manager yielding its source and
-    reader), or None: not a plain SQLite URL, no such file, or not this code's schema."""
+def open_plain_snapshot(url: str) -> Snapshot | None:
+    """A snapshot of the ledger at ``url`` (a context manager yielding its source and reader),
+    or None: not a plain URL, no such file, or not this code's schema.
+
+    Raises:
+        LedgerUnavailableError: the PostgreSQL server did not answer.
+    """
+    if url.startswith("sqlite"):
+        return _open_sqlite(url)
+    if url.startswith("postgresql"):
+        return _open_postgres(url)
+    return None
+
+
+def plain_postgres_args(url: str) -> tuple[dict[str, Any], str] | None:
+    """psycopg's connection arguments for a plain PostgreSQL URL and the URL as the store
+    prints it (password masked), else None: a URL the store would print otherwise (options
+    not in order, or not quoted as it quotes them) is not plain."""
+    matched = _PLAIN_PG_URL.fullmatch(url)
+    if matched is None:
+        return None
+    args: dict[str, Any] = {"user": matched["user"], "host": matched["host"],
+                            "dbname": matched["dbname"]}
+    if matched["port"]:
+        args["port"] = int(matched["port"])
+    printed = url
+    if matched["password"] is not None:
+        args["password"] = unquote(matched["password"])
+        printed = url.replace(f":{matched['password']}@", ":***@", 1)
+    if matched["query"]:
+        pairs = [pair.split("=", 1) for pair in matched["query"].split("&")]
+        if any(len(pair) != 2 or quote_plus(unquote_plus(pair[1])) != pair[1]
+               for pair in pairs):
+            return None
+        options = dict(parse_qsl(matched["query"], strict_parsing=True))
+        if list(options) != sorted(options) or len(options) != len(pairs) \
+                or options.keys() & args.keys():
+            return None
+        args.update(options)
+    return args, redact_text(printed)
+
+
+def _open_postgres(url: str) -> Snapshot | None:
+    found = plain_postgres_args(url)
+    if found is None:
+        return None
+    args, printed = found
+    import psycopg
+
+    try:
+        conn = psycopg.connect(**args)
+    except psycopg.Error as exc:
+        raise _translate(exc) from exc  # what the store says of a server that does not answer
+    try:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.read_only = True
+        reader = Reader(_PsycopgRows(conn))
+        current = reader.schema_revision() == SCHEMA_HEAD
+    except psycopg.Error:
+        current = False
+    if not current:
+        conn.close()
+        return None
+    return _snapshot(conn, PlainSource("postgresql", printed), reader, psycopg.Error)
+
+
+def _open_sqlite(url: str) -> Snapshot | None:
     path = plain_sqlite_path(url)
     if path is None or not path.is_file():
         return None
@@ -81,24 +175,25 @@ def open_sqlite_snapshot(url: str) -> Iterator[tuple[PlainSource, Reader]] | Non
     if not current:
         conn.close()
         return None
-    return _snapshot(conn, PlainSource("sqlite", url), reader)
+    return _snapshot(conn, PlainSource("sqlite", url), reader, sqlite3.Error)
 
 
 @contextmanager
-def _snapshot(conn: sqlite3.Connection, source: PlainSource, reader: Reader
+def _snapshot(conn: Any, source: PlainSource, reader: Reader, driver_error: type[Exception]
               ) -> Iterator[tuple[PlainSource, Reader]]:
     try:
         yield source, reader
-    except sqlite3.Error as exc:
+    except driver_error as exc:
         raise _translate(exc) from exc
     finally:
         conn.close()  # the read transaction ends with it
 
 
-def _translate(exc: sqlite3.Error) -> LedgerError:
-    """As the store translates a driver error (ledger.store.connection.translate)."""
+def _translate(exc: Exception) -> LedgerError:
+    """As the store translates a driver error (ledger.store.connection.translate): the
+    DB-API's OperationalError and InterfaceError mean the database is unavailable."""
     lines = str(exc).strip().splitlines()
     detail = redact_text(lines[0] if lines else type(exc).__name__)
-    if isinstance(exc, sqlite3.OperationalError | sqlite3.InterfaceError):
+    if any(base.__name__ in ("OperationalError", "InterfaceError") for base in type(exc).__mro__):
         return LedgerUnavailableError(f"database unavailable: {detail}")
     return LedgerError(f"database error: {detail}")

@@ -1,6 +1,7 @@
-"""The CLI reads a SQLite file through the standard library's sqlite3 (ledger.store.plain),
-with the store's Reader and SQL: every answer equals the answer read through SQLAlchemy, the
-read commands never import it, and anything but the plain case falls back to the store."""
+"""The CLI reads a ledger through its driver alone (ledger.store.plain: sqlite3 or psycopg),
+with the store's Reader and SQL: every answer equals the answer read through SQLAlchemy, on
+both backends; the read commands never import it; anything but the plain case falls back to
+the store."""
 
 from __future__ import annotations
 
@@ -14,20 +15,19 @@ import pytest
 import ledger.cli.session as session
 from ledger import Ledger
 from ledger.cli import lineage_query, query
-from ledger.store.plain import open_sqlite_snapshot, plain_sqlite_path
+from ledger.store.plain import open_plain_snapshot, plain_postgres_args, plain_sqlite_path
 from tests.cli_scenario import LINEAGE_RUN_ID, RUN_ID, build_lineage_run, build_run
 from tests.ledger_helpers import execute
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("plain") / "ledger.db"
-    with Ledger.open(f"sqlite:///{path}", snapshot_every=1) as writer:
+@pytest.fixture
+def url(ledger_url: str) -> str:
+    with Ledger.open(ledger_url, snapshot_every=1) as writer:
         build_run(writer)
         build_lineage_run(writer)
-    return f"sqlite:///{path}"
+    return ledger_url
 
 
 _ANSWERS = {
@@ -55,7 +55,7 @@ def _log(url: str) -> list[dict]:
 def test_every_answer_equals_the_one_read_through_the_store(
         url: str, command: str, monkeypatch: pytest.MonkeyPatch) -> None:
     plain = _ANSWERS[command](url)
-    monkeypatch.setattr(session, "open_sqlite_snapshot", lambda url: None)
+    monkeypatch.setattr(session, "open_plain_snapshot", lambda url: None)
 
     through_store = _ANSWERS[command](url)
 
@@ -63,10 +63,12 @@ def test_every_answer_equals_the_one_read_through_the_store(
 
 
 def test_the_plain_path_is_the_one_taken(url: str) -> None:
-    snapshot = open_sqlite_snapshot(url)
+    snapshot = open_plain_snapshot(url)
     assert snapshot is not None
+    with Ledger.open(url, readonly=True) as store:
+        printed = (store.backend, store.url)
     with snapshot as (source, reader):
-        assert (source.backend, source.url) == ("sqlite", url)
+        assert (source.backend, source.url) == printed
         assert reader.head(RUN_ID).version == 4
 
 
@@ -87,15 +89,33 @@ def test_the_read_commands_never_import_sqlalchemy(url: str, command: list[str])
     assert done.stdout.splitlines()[-1] == "IMPORTED [] 0"
 
 
-def test_anything_but_the_plain_case_falls_back_to_the_store(url: str, tmp_path: Path) -> None:
-    assert plain_sqlite_path(url + "?mode=ro") is None
-    assert plain_sqlite_path("sqlite:///a%20b.db") is None  # SQLAlchemy would render it
+def test_anything_but_the_plain_case_falls_back_to_the_store(sqlite_url: str, tmp_path: Path
+                                                            ) -> None:
+    assert plain_sqlite_path(sqlite_url + "?mode=ro") is None
+    assert plain_sqlite_path("sqlite:///a%20b.db") is None  # SQLAlchemy would print it unquoted
     assert plain_sqlite_path("postgresql+psycopg://postgres@127.0.0.1/test") is None
-    assert open_sqlite_snapshot(f"sqlite:///{tmp_path / 'missing.db'}") is None
+    assert open_plain_snapshot(f"sqlite:///{tmp_path / 'missing.db'}") is None
 
-    old = tmp_path / "old.db"
-    old.write_bytes(Path(plain_sqlite_path(url)).read_bytes())
-    execute(f"sqlite:///{old}", "UPDATE alembic_version SET version_num = '0003'")
-    assert open_sqlite_snapshot(f"sqlite:///{old}") is None
+    with Ledger.open(sqlite_url) as writer:
+        build_run(writer)
+    execute(sqlite_url, "UPDATE alembic_version SET version_num = '0003'")
+    assert open_plain_snapshot(sqlite_url) is None
     with pytest.raises(Exception, match="schema revision 0003"):
-        query.status(f"sqlite:///{old}", None)  # the store's own error
+        query.status(sqlite_url, None)  # the store's own error
+
+
+@pytest.mark.parametrize(("url", "plain"), [
+    ("postgresql+psycopg://u@h/db", ({"user": "u", "host": "h", "dbname": "db"},
+                                     "postgresql+psycopg://u@h/db")),
+    ("postgresql+psycopg://u:p%40ss@h:6543/db?options=-csearch_path%3Ds",
+     ({"user": "u", "host": "h", "dbname": "db", "port": 6543, "password": "p@ss",
+       "options": "-csearch_path=s"},
+      "postgresql+psycopg://u:***@h:6543/db?options=-csearch_path%3Ds")),
+    ("postgresql://u@h/db", None),  # the store moves it to psycopg and prints that
+    ("postgresql+psycopg://u@h/db?sslmode=disable&application_name=x", None),  # not sorted
+    ("postgresql+psycopg://u@h/db?options=-csearch_path=s", None),  # printed as %3D
+    ("postgresql+psycopg://u@h/db?dbname=other", None),
+    ("postgresql+psycopg://h/db", None),
+])
+def test_a_plain_postgres_url_is_one_the_store_prints_as_written(url: str, plain) -> None:
+    assert plain_postgres_args(url) == plain
