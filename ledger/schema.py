@@ -112,6 +112,10 @@ ledger_events = sa.Table(
     sa.Index("ix_ledger_events_kind_step", "run_id", "kind", "train_step",
              sqlite_where=sa.text("kind = 'batch_trained'"),
              postgresql_where=sa.text("kind = 'batch_trained'")),
+    # Since revision 0005: a run's few eval_finished rows, found without reading the run.
+    sa.Index("ix_ledger_events_evals", "run_id", "kind", "seq",
+             sqlite_where=sa.text("kind = 'eval_finished'"),
+             postgresql_where=sa.text("kind = 'eval_finished'")),
     sqlite_with_rowid=False,
 )
 

@@ -10,7 +10,9 @@ a ledger, without folding the run (one snapshot each, answered by the builders o
   publisher stamps the version it committed before its next update; a fenced cell cannot
   stamp at all);
 - ``prompts``: the run's :class:`~ledger.progress.Progress` from its newest trusted snapshot,
-  plus the events after it.
+  plus the events after it;
+- ``evals`` (and the scores of ``lineage V``): the run's ``eval_finished`` rows, on their own
+  partial index.
 """
 
 from __future__ import annotations
@@ -97,8 +99,8 @@ def version_lineage(reader: Reader, run_id: str, head: Head, version: int) -> di
                            "produced_version": batch.produced_version})
     trained_by.sort(key=lambda row: row["train_step"])
     engines = [{"engine_id": engine_id, "seq": seq} for engine_id, seq in sorted(stamped.items())]
-    scored = [row for row in answers.eval_rows_of(reader.events_of_kind(
-        run_id, EventKind.EVAL_FINISHED.value, 1, head.seq)) if row["version"] == version]
+    scored = [row for row in answers.eval_rows_of(reader.evals(run_id, head.seq))
+              if row["version"] == version]
     return answers.version_answer(version, produced_by, trained_by, engines, scored)
 
 
@@ -128,5 +130,5 @@ def evals(url: str, run_id: str | None) -> dict[str, Any]:
     """
     with snapshot(url) as (ledger, reader):
         run_id, head = select_run(ledger, reader, run_id)
-        events = reader.events_of_kind(run_id, EventKind.EVAL_FINISHED.value, 1, head.seq)
-        return {"header": run_header(run_id, head), "evals": answers.eval_rows_of(events)}
+        return {"header": run_header(run_id, head),
+                "evals": answers.eval_rows_of(reader.evals(run_id, head.seq))}

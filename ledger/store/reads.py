@@ -121,6 +121,14 @@ _STEP_BOUNDS = ("SELECT min(train_step), max(train_step) FROM ledger_events "
                 "WHERE run_id = :run_id AND kind = 'batch_trained'")
 _OF_KIND = (_WITH_PREV_HASH + "WHERE e.run_id = :run_id AND e.kind = :kind "
             "AND e.seq >= :first AND e.seq <= :last ORDER BY e.seq")
+# The partial index over eval_finished rows (revision 0005; the literal kind again), as a join:
+# the seqs from the covering index, then each row by its key. Asked for whole rows in one
+# step, SQLite walks the primary key over the run's every event instead.
+_EVALS = (f"SELECT {_EVENT_COLUMNS}, (SELECT p.hash FROM ledger_events p "
+          "WHERE p.run_id = e.run_id AND p.seq = e.seq - 1) FROM ledger_events found "
+          "JOIN ledger_events e ON e.run_id = found.run_id AND e.seq = found.seq "
+          "WHERE found.run_id = :run_id AND found.kind = 'eval_finished' "
+          "AND found.seq >= :first AND found.seq <= :last ORDER BY found.seq")
 _HASH_AT = "SELECT hash FROM ledger_events WHERE run_id = :run_id AND seq = :seq"
 _HEAD_COLUMNS = "head_version, epoch, publisher_cell, last_seq, head_hash"
 _HEAD_ROW = f"SELECT {_HEAD_COLUMNS} FROM run_heads WHERE run_id = :run_id"
@@ -261,6 +269,12 @@ class Reader:
         rows = self.rows(_OF_KIND, {"run_id": run_id, "kind": kind, "first": first_seq,
                                     "last": last_seq})
         with _decoding(f"run {run_id!r}: corrupt {kind} row in seq {first_seq}..{last_seq}"):
+            return [event_with_prev_hash(row) for row in rows]
+
+    def evals(self, run_id: str, last_seq: int) -> list[Event]:
+        """The run's ``eval_finished`` events up to ``last_seq`` (their own index)."""
+        rows = self.rows(_EVALS, {"run_id": run_id, "first": 1, "last": last_seq})
+        with _decoding(f"run {run_id!r}: corrupt eval_finished row"):
             return [event_with_prev_hash(row) for row in rows]
 
     def earlier_keys(self, run_id: str, from_seq: int) -> dict[str, int]:

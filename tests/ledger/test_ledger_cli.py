@@ -358,10 +358,10 @@ def test_db_upgrade_creates_and_db_current_reports(tmp_path: Path):
     created = invoke("--db", url, "db", "upgrade", "-o", "json")
     assert created.exit_code == 0, created.output
     assert json.loads(created.stdout)["from"] is None
-    # Revision 0004 (issue 22: compact event rows) is the head now.
-    assert invoke("--db", url, "db", "current").stdout == "0004 (head)\n"
+    # Revision 0005 (issue 22: the index over eval_finished rows) is the head now.
+    assert invoke("--db", url, "db", "current").stdout == "0005 (head)\n"
     again = invoke("--db", url, "db", "upgrade")
-    assert "already at 0004" in again.stdout
+    assert "already at 0005" in again.stdout
 
 
 def test_plot_writes_a_png_with_the_staleness_histogram(built_url: str, sqlite_path: Path):

@@ -6,6 +6,7 @@ the store."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,10 @@ from pathlib import Path
 import pytest
 
 import ledger.cli.session as session
-from ledger import Ledger
+from ledger import EventKind, Ledger
 from ledger.cli import lineage_query, query
 from ledger.store.plain import open_plain_snapshot, plain_postgres_args, plain_sqlite_path
+from ledger.store.reads import _EVALS
 from tests.cli_scenario import LINEAGE_RUN_ID, RUN_ID, build_lineage_run, build_run
 from tests.ledger_helpers import execute
 
@@ -119,3 +121,27 @@ def test_anything_but_the_plain_case_falls_back_to_the_store(sqlite_url: str, tm
 ])
 def test_a_plain_postgres_url_is_one_the_store_prints_as_written(url: str, plain) -> None:
     assert plain_postgres_args(url) == plain
+
+
+def test_a_versions_scores_come_from_the_eval_index(ledger_url: str) -> None:
+    """``evals``, ``lineage V`` and ``show V`` read the run's eval_finished rows on their own
+    partial index (revision 0005), not every event of the run."""
+    with Ledger.open(ledger_url) as writer:
+        build_lineage_run(writer)
+        for version, score in ((1, 0.25), (2, 0.5), (2, 0.75)):
+            writer.append(LINEAGE_RUN_ID, EventKind.EVAL_FINISHED, {
+                "name": f"set-{score}", "version": version, "train_step": version,
+                "digest": "sha256:x", "prompts": 4, "samples_per_prompt": 1,
+                "metrics": {"reward": score}})
+
+    scored = lineage_query.lineage(ledger_url, LINEAGE_RUN_ID, version=2)["evals"]
+    every = lineage_query.evals(ledger_url, LINEAGE_RUN_ID)["evals"]
+
+    assert [row["metrics"]["reward"] for row in scored] == [0.5, 0.75]
+    assert [(row["version"], row["name"]) for row in every] == [
+        (1, "set-0.25"), (2, "set-0.5"), (2, "set-0.75")]
+    if ledger_url.startswith("sqlite"):
+        with sqlite3.connect(plain_sqlite_path(ledger_url)) as conn:
+            plan = conn.execute("EXPLAIN QUERY PLAN " + _EVALS,
+                                {"run_id": LINEAGE_RUN_ID, "first": 1, "last": 99}).fetchall()
+        assert "ix_ledger_events_evals" in " ".join(str(row) for row in plan)
