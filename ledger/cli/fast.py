@@ -8,7 +8,8 @@ for its own parameters are most of a command's start-up, and these answers take 
 know, ``verify --witness``) it returns None and the typer app answers, so every error message
 and usage text stays the app's. The answer and its
 rendering are the app's own functions (:mod:`ledger.cli.query`, :mod:`ledger.cli.render`),
-and a test checks both paths print the same bytes.
+and a test checks both paths print the same bytes. Both read through the driver alone
+(:mod:`ledger.cli.session`), without SQLAlchemy.
 """
 
 from __future__ import annotations
