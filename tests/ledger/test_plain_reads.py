@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import ledger.cli.session as session
-from ledger import EventKind, Ledger
+from ledger import EventKind, Ledger, LedgerUnavailableError
 from ledger.cli import lineage_query, query
 from ledger.store.plain import open_plain_snapshot, plain_postgres_args, plain_sqlite_path
 from ledger.store.reads import _EVALS
@@ -145,3 +145,15 @@ def test_a_versions_scores_come_from_the_eval_index(ledger_url: str) -> None:
             plan = conn.execute("EXPLAIN QUERY PLAN " + _EVALS,
                                 {"run_id": LINEAGE_RUN_ID, "first": 1, "last": 99}).fetchall()
         assert "ix_ledger_events_evals" in " ".join(str(row) for row in plan)
+
+
+def test_a_server_that_does_not_answer_is_reported_as_the_store_reports_it() -> None:
+    url = "postgresql+psycopg://postgres@127.0.0.1:1/test?connect_timeout=2"
+    with pytest.raises(LedgerUnavailableError) as through_store:
+        Ledger.open(url, readonly=True)
+
+    with pytest.raises(LedgerUnavailableError) as plain:
+        query.status(url, None)
+
+    assert str(plain.value) == str(through_store.value)
+    assert str(plain.value).startswith("database unavailable: ")
