@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +28,7 @@ from ledger.errors import LedgerError, LedgerUnavailableError
 from ledger.redact import redact_text
 from ledger.store.codecs import SCHEMA_HEAD
 from ledger.store.reads import Reader
+from ledger.store.rows import Rows
 
 __all__ = ["PlainSource", "open_plain_snapshot", "plain_postgres_args", "plain_sqlite_path"]
 
@@ -143,17 +144,13 @@ def _open_postgres(url: str) -> Snapshot | None:
         conn = psycopg.connect(**args)
     except psycopg.Error as exc:
         raise _translate(exc) from exc  # what the store says of a server that does not answer
-    try:
+
+    def begin() -> None:  # psycopg begins the transaction at the first query
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         conn.read_only = True
-        reader = Reader(_PsycopgRows(conn))
-        current = reader.schema_revision() == SCHEMA_HEAD
-    except psycopg.Error:
-        current = False
-    if not current:
-        conn.close()
-        return None
-    return _snapshot(conn, PlainSource("postgresql", printed), reader, psycopg.Error)
+
+    return _if_current(conn, begin, _PsycopgRows(conn), PlainSource("postgresql", printed),
+                       psycopg.Error)
 
 
 def _open_sqlite(url: str) -> Snapshot | None:
@@ -165,17 +162,29 @@ def _open_sqlite(url: str) -> Snapshot | None:
                                isolation_level=None)
     except sqlite3.Error:
         return None
-    try:
+
+    def begin() -> None:
         conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
         conn.execute("BEGIN")
-        reader = Reader(_Sqlite3Rows(conn))
+
+    return _if_current(conn, begin, _Sqlite3Rows(conn), PlainSource("sqlite", url),
+                       sqlite3.Error)
+
+
+def _if_current(conn: Any, begin: Callable[[], None], rows: Rows, source: PlainSource,
+                driver_error: type[Exception]) -> Snapshot | None:
+    """The snapshot on ``conn`` once its transaction has begun, if the database holds this
+    code's schema; else None (and the connection closed)."""
+    try:
+        begin()
+        reader = Reader(rows)
         current = reader.schema_revision() == SCHEMA_HEAD
-    except sqlite3.Error:
+    except driver_error:
         current = False
     if not current:
         conn.close()
         return None
-    return _snapshot(conn, PlainSource("sqlite", url), reader, sqlite3.Error)
+    return _snapshot(conn, source, reader, driver_error)
 
 
 @contextmanager
