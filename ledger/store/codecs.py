@@ -1,4 +1,5 @@
-"""How an event's hash and time are stored, decoded without SQLAlchemy.
+"""How an event's hash and time are stored, and raw rows decoded into events, heads and runs,
+without SQLAlchemy.
 
 Since revision 0004 (issue 22: a run writes four rows a step for hundreds of thousands of
 steps, so each row's bytes add up) a digest is 64 hex characters in Python (the chain,
@@ -67,8 +68,6 @@ def digest_hex(value: Any) -> str:
     return value
 
 
-
-
 def chained_prev_hash(seq: int, hash_before: str | None) -> str:
     """The ``prev_hash`` of the event at ``seq``, given the hash of the row at ``seq - 1``
     (None: no such row): the genesis hash for the first event, :data:`UNKNOWN_PREV_HASH` for
@@ -104,9 +103,8 @@ def event_from_row(row: Sequence[Any], prev_hash: str) -> Event:
 
 def event_with_prev_hash(row: Sequence[Any]) -> Event:
     """An event selected with its predecessor's hash as the last column."""
-    before = row[11]
-    return event_from_row(row, chained_prev_hash(row[1], None if before is None
-                                             else digest_hex(before)))
+    before = None if row[11] is None else digest_hex(row[11])
+    return event_from_row(row, chained_prev_hash(row[1], before))
 
 
 def head_from_row(row: Sequence[Any]) -> Head:

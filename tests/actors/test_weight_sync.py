@@ -31,8 +31,16 @@ def _start(config: PolicyConfig, transport: str, ledger_url: str, backend: str =
 
 
 def _train_once(cell, engines) -> None:
-    """One GRPO step on fresh samples, so the cell's weights differ from the engines'."""
+    """One GRPO step on fresh samples, so the cell's weights differ from the engines'.
+
+    One sample of each group is rewarded and the rest are not, so the advantage (and the
+    gradient) is never zero. The engines' concurrent calls share one generator, so what they
+    sample depends on scheduling, and an untrained policy can miss in every sample of every
+    group: on a loaded machine the LoRA test then saw adapters the step never changed."""
     groups = ray.get([engines[0].generate.remote(TASK.make_prompt(i), 8, i) for i in range(8)])
+    for group in groups:
+        for position, sample in enumerate(group):
+            sample.reward = 1.0 if position == 0 else 0.0
     ray.get(cell.train_step.remote(groups))
 
 
