@@ -27,6 +27,7 @@ __all__ = [
     "QueryError",
     "SchemaError",
     "UnknownRunError",
+    "driver_error",
 ]
 
 
@@ -110,3 +111,17 @@ class PayloadError(LedgerError):
 class QueryError(LedgerError):
     """A command-line argument the ledger cannot answer: bad range, time, kind, version, run
     (raised by :mod:`ledger.cli.args` and the queries; the command prints it in one line)."""
+
+
+def driver_error(exc: BaseException, *, unavailable: bool) -> LedgerError:
+    """The ledger's own error for a database driver's: the driver's first line, with any
+    credential redacted (a driver may echo its connection string); ``unavailable`` (the
+    driver's OperationalError or InterfaceError) makes it a :class:`LedgerUnavailableError`.
+    """
+    from ledger.redact import redact_text
+
+    lines = str(exc).strip().splitlines()
+    detail = redact_text(lines[0] if lines else type(exc).__name__)
+    if unavailable:
+        return LedgerUnavailableError(f"database unavailable: {detail}")
+    return LedgerError(f"database error: {detail}")

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from ledger.store.codecs import SCHEMA_HEAD
 from ledger.store.connection import create_engine, normalise_url, transaction
+from ledger.store.reads import Reader, sqlalchemy_rows
 from ledger.errors import LedgerError, SchemaError
 from ledger.redact import redact_url
 
@@ -64,10 +65,9 @@ def script_head_revision() -> str:
 
 
 def current_revision(connection: sa.Connection) -> str | None:
-    """The revision stamped in the database, or None if it has no ledger schema."""
-    if not sa.inspect(connection).has_table("alembic_version"):
-        return None
-    return connection.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
+    """The revision stamped in the database, or None if it has no ledger schema (the
+    Reader's query, which the CLI's plain reads run too)."""
+    return Reader(sqlalchemy_rows(connection)).schema_revision()
 
 
 def upgrade(connection: sa.Connection, revision: str = "head") -> None:

@@ -29,7 +29,7 @@ from urllib.parse import quote
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
 
-from ledger.errors import LedgerError, LedgerUnavailableError
+from ledger.errors import LedgerError, LedgerUnavailableError, driver_error
 from ledger.events import compact_json
 from ledger.redact import redact_text, redact_url
 
@@ -136,11 +136,8 @@ def translate(exc: Exception) -> LedgerError:
     The message is the driver's first line, with any credential redacted (a driver may echo
     its connection string).
     """
-    lines = str(getattr(exc, "orig", exc)).strip().splitlines()
-    detail = redact_text(lines[0] if lines else type(exc).__name__)
-    if isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
-        return LedgerUnavailableError(f"database unavailable: {detail}")
-    return LedgerError(f"database error: {detail}")
+    return driver_error(getattr(exc, "orig", exc), unavailable=isinstance(
+        exc, sa.exc.OperationalError | sa.exc.InterfaceError))
 
 
 @contextmanager

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, quote_plus, unquote, unquote_plus
 
-from ledger.errors import LedgerError, LedgerUnavailableError
+from ledger.errors import LedgerError, driver_error
 from ledger.redact import redact_text
 from ledger.store.codecs import SCHEMA_HEAD
 from ledger.store.reads import Reader
@@ -201,8 +201,5 @@ def _snapshot(conn: Any, source: PlainSource, reader: Reader, driver_error: type
 def _translate(exc: Exception) -> LedgerError:
     """As the store translates a driver error (ledger.store.connection.translate): the
     DB-API's OperationalError and InterfaceError mean the database is unavailable."""
-    lines = str(exc).strip().splitlines()
-    detail = redact_text(lines[0] if lines else type(exc).__name__)
-    if any(base.__name__ in ("OperationalError", "InterfaceError") for base in type(exc).__mro__):
-        return LedgerUnavailableError(f"database unavailable: {detail}")
-    return LedgerError(f"database error: {detail}")
+    return driver_error(exc, unavailable=any(
+        base.__name__ in ("OperationalError", "InterfaceError") for base in type(exc).__mro__))

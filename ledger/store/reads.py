@@ -15,7 +15,7 @@ SQL, so they cannot drift apart.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -108,8 +108,9 @@ def _record(
 # (read as the page's lead row); a single event selects it beside the row.
 _EVENT_COLUMNS = ("e.run_id, e.seq, e.kind, e.version, e.cell_id, e.epoch, e.idempotency_key, "
                   "e.payload, e.hash, e.recorded_at, e.train_step")
-_WITH_PREV_HASH = (f"SELECT {_EVENT_COLUMNS}, (SELECT p.hash FROM ledger_events p "
-                   "WHERE p.run_id = e.run_id AND p.seq = e.seq - 1) FROM ledger_events e ")
+_PREV_HASH = ("(SELECT p.hash FROM ledger_events p "
+              "WHERE p.run_id = e.run_id AND p.seq = e.seq - 1)")
+_WITH_PREV_HASH = f"SELECT {_EVENT_COLUMNS}, {_PREV_HASH} FROM ledger_events e "
 _EVENT_PAGE = (f"SELECT {_EVENT_COLUMNS} FROM ledger_events e WHERE e.run_id = :run_id "
                "AND e.seq >= :first AND e.seq <= :last ORDER BY e.seq LIMIT :limit")
 _AT_VERSION = _WITH_PREV_HASH + "WHERE e.run_id = :run_id AND e.version = :version"
@@ -124,8 +125,7 @@ _OF_KIND = (_WITH_PREV_HASH + "WHERE e.run_id = :run_id AND e.kind = :kind "
 # The partial index over eval_finished rows (revision 0005; the literal kind again), as a join:
 # the seqs from the covering index, then each row by its key. Asked for whole rows in one
 # step, SQLite walks the primary key over the run's every event instead.
-_EVALS = (f"SELECT {_EVENT_COLUMNS}, (SELECT p.hash FROM ledger_events p "
-          "WHERE p.run_id = e.run_id AND p.seq = e.seq - 1) FROM ledger_events found "
+_EVALS = (f"SELECT {_EVENT_COLUMNS}, {_PREV_HASH} FROM ledger_events found "
           "JOIN ledger_events e ON e.run_id = found.run_id AND e.seq = found.seq "
           "WHERE found.run_id = :run_id AND found.kind = 'eval_finished' "
           "AND found.seq >= :first AND found.seq <= :last ORDER BY found.seq")
@@ -152,7 +152,9 @@ _LAST_SEQ = "SELECT max(seq) FROM ledger_events WHERE run_id = :run_id"
 _NEWEST_RUN = "SELECT run_id FROM runs ORDER BY created_at DESC, run_id DESC LIMIT 1"
 _HAS_VERSION_TABLE = {
     "sqlite": "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'",
-    "postgresql": "SELECT to_regclass('alembic_version') IS NOT NULL",
+    # In the current schema, as SQLAlchemy's has_table looks (not anywhere on the search path).
+    "postgresql": "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema() "
+                  "AND tablename = 'alembic_version')",
 }
 _NO_END = 2**62
 
