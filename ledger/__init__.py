@@ -8,7 +8,7 @@ SQLAlchemy and Alembic, never Ray or torch.
 from typing import TYPE_CHECKING, Any
 
 # Names are imported on first use (PEP 562), so a command that needs only the store (``ledger
-# status``) does not pay for the audit, pydantic models or plotting at start-up.
+# status``) does not pay for the audit, payload models or plotting at start-up.
 _EXPORTS = {
     "AuditReport": "ledger.audit", "Problem": "ledger.audit",
     "FencedError": "ledger.errors", "IdempotencyConflictError": "ledger.errors",

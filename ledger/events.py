@@ -16,7 +16,7 @@ from json.encoder import encode_basestring as _encode_string
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel
+    from ledger.payloads import Payload
 
 __all__ = [
     "GENESIS_HASH",
@@ -70,7 +70,7 @@ PUBLISHER_KINDS = frozenset(
 
 
 _KNOWN_KINDS: dict[str, EventKind] = {kind.value: kind for kind in EventKind}
-_Model = TypeVar("_Model", bound="BaseModel")
+_Model = TypeVar("_Model", bound="Payload")
 
 
 @dataclass(frozen=True)
@@ -103,24 +103,23 @@ class Event:
             object.__setattr__(self, "kind", kind)
 
     def payload_as(self, model: type[_Model]) -> _Model:
-        """The payload read through ``model`` (a pydantic model, usually the kind's own:
+        """The payload read through ``model`` (the kind's own:
         :func:`ledger.payloads.payload_model`), so a missing or mistyped field raises instead
         of reading as a default.
 
         Raises:
             PayloadError: the payload does not fit ``model``.
         """
-        from pydantic import ValidationError
+        import msgspec
 
         from ledger.errors import PayloadError
+        from ledger.payloads import describe_error, read_payload
 
         try:
-            return model.model_validate(self.payload)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "payload"
+            return read_payload(self.payload, model)
+        except msgspec.ValidationError as exc:
             raise PayloadError(self.run_id, self.seq, str(self.kind),
-                               f"{where}: {first['msg']}") from None
+                               describe_error(exc)) from None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready rendering that holds every stored field (lossless)."""

@@ -108,13 +108,13 @@ class BatchView:
 def parse_batch(event: Event) -> BatchView | None:
     """The :class:`BatchView` of a ``batch_trained`` event, or None if its payload does not fit
     :class:`ledger.payloads.BatchTrained` (planted or corrupt rows; the audit reports them)."""
-    from ledger.payloads import BatchTrained  # pydantic, on first use
+    from ledger.payloads import BatchTrained, read_payload  # the models, on first use
 
     try:
-        payload = BatchTrained.model_validate(event.payload)
+        payload = read_payload(event.payload, BatchTrained)
         versions = {int(version): int(count)
                     for version, count in payload.sample_versions.items()}
-    except (ValueError, TypeError):  # pydantic.ValidationError is a ValueError
+    except (ValueError, TypeError):  # msgspec.ValidationError is a ValueError
         return None
     prompts = payload.prompts
     return BatchView(

@@ -214,7 +214,7 @@ class Ledger(AuditReads):
             LedgerError: an unknown kind or a payload that does not fit it.
             LedgerUnavailableError: the database stayed unreachable for ``retry_seconds``.
         """
-        from ledger.payloads import validate_payload  # pydantic, on the first write
+        from ledger.payloads import validate_payload  # the models, on the first write
 
         event_kind, clean_payload = validate_payload(kind, dict(payload or {}))
         key = idempotency_key or f"auto:{uuid.uuid4().hex}"
