@@ -82,23 +82,26 @@ def decode_json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-def event_from_row(row: Sequence[Any], prev_hash: str) -> Event:
+def event_from_row(row: Sequence[Any], prev_hash: str, digest: str | None = None) -> Event:
     """An event from a raw row (SQLite: JSON as text, time as integer microseconds;
-    PostgreSQL: decoded), chained to ``prev_hash``.
+    PostgreSQL: decoded), chained to ``prev_hash``; ``digest`` is the row's hash as hex, if
+    the caller has decoded it already.
 
     Raises:
         ValueError, TypeError: corrupt JSON or time.
     """
-    (run_id, seq, kind, version, cell_id, epoch, key, payload, digest, recorded_at,
+    (run_id, seq, kind, version, cell_id, epoch, key, payload, stored_hash, recorded_at,
      train_step) = row[:11]
     if not isinstance(payload, dict):
         payload = json.loads(payload)
         if not isinstance(payload, dict):
             raise ValueError("payload is not a JSON object")
+    if digest is None:
+        digest = digest_hex(stored_hash)
     return Event(run_id=run_id, seq=seq, kind=kind, payload=payload,
-                 recorded_at=time_from_stored(recorded_at), prev_hash=prev_hash,
-                 hash=digest_hex(digest), version=version, cell_id=cell_id, epoch=epoch,
-                 idempotency_key=key, train_step=train_step)
+                 recorded_at=time_from_stored(recorded_at), prev_hash=prev_hash, hash=digest,
+                 version=version, cell_id=cell_id, epoch=epoch, idempotency_key=key,
+                 train_step=train_step)
 
 
 def event_with_prev_hash(row: Sequence[Any]) -> Event:

@@ -206,11 +206,12 @@ class Reader:
         before: tuple[int, str] | None = None  # (seq, hash) of the row read last
         with _decoding(f"run {run_id!r}: corrupt event row at or after seq {start_seq}"):
             for row in rows:
-                seq = row[1]
+                seq, digest = row[1], digest_hex(row[8])
                 hash_before = before[1] if before is not None and before[0] == seq - 1 else None
                 if seq >= start_seq:
-                    page.append(event_from_row(row, chained_prev_hash(seq, hash_before)))
-                before = (seq, digest_hex(row[8]))
+                    page.append(event_from_row(row, chained_prev_hash(seq, hash_before),
+                                               digest))
+                before = (seq, digest)
         return page[:limit]
 
     def events(
