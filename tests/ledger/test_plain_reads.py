@@ -77,13 +77,13 @@ def test_the_plain_path_is_the_one_taken(url: str) -> None:
 @pytest.mark.parametrize("command", [["status"], ["lag"], ["show", "2"],
                                      ["lineage", "--step", "3", "--run", LINEAGE_RUN_ID],
                                      ["prompts", "--run", LINEAGE_RUN_ID], ["verify"]])
-def test_the_read_commands_never_import_sqlalchemy_or_pydantic(url: str, command: list[str]) -> None:
+def test_the_read_commands_import_neither_sqlalchemy_nor_pydantic_nor_psycopg3(url: str, command: list[str]) -> None:
     program = ("import sys\nfrom ledger.cli import main\n"
                f"sys.argv = ['ledger', '--db', {url!r}, *{command!r}]\n"
                "try:\n    main()\nexcept SystemExit as exit:\n    code = exit.code\n"
                "else:\n    code = 0\n"
                "print('IMPORTED', sorted({m.split('.')[0] for m in sys.modules} & "
-               "{'sqlalchemy', 'typer', 'alembic', 'pandas', 'matplotlib', 'pydantic'}), code)")
+               "{'sqlalchemy', 'typer', 'alembic', 'pandas', 'matplotlib', 'pydantic', 'psycopg'}), code)")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                           cwd=ROOT, env={**os.environ, "LEDGER_DB": ""}, timeout=120)
 
