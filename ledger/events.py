@@ -10,13 +10,14 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from json.encoder import encode_basestring as _encode_string
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from ledger.payloads import Payload
+    from msgspec import Struct
 
 __all__ = [
     "GENESIS_HASH",
@@ -26,7 +27,9 @@ __all__ = [
     "EventKind",
     "Head",
     "RunRecord",
+    "describe_error",
     "event_hash",
+    "read_payload",
 ]
 
 GENESIS_HASH = "0" * 64
@@ -70,7 +73,7 @@ PUBLISHER_KINDS = frozenset(
 
 
 _KNOWN_KINDS: dict[str, EventKind] = {kind.value: kind for kind in EventKind}
-_Model = TypeVar("_Model", bound="Payload")
+_Model = TypeVar("_Model", bound="Struct")
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,6 @@ class Event:
         import msgspec
 
         from ledger.errors import PayloadError
-        from ledger.payloads import describe_error, read_payload
 
         try:
             return read_payload(self.payload, model)
@@ -231,3 +233,40 @@ def event_hash(
         f'"seq":{_scalar(seq)},"version":{_scalar(version)}}}'
     )
     return hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+def read_payload(payload: Any, model: type[_Model]) -> _Model:
+    """``payload`` (a stored payload dict) read through ``model`` (a :class:`msgspec.Struct`:
+    :mod:`ledger.payloads`): declared fields typed, other keys ignored.
+
+    Raises:
+        msgspec.ValidationError: it does not fit (a ``ValueError``); :func:`describe_error`
+            words it.
+    """
+    import msgspec
+
+    return msgspec.convert(payload, model, strict=False)
+
+
+_FIELD_ERRORS = {"missing required": "Field required",
+                 "contains unknown": "Extra inputs are not permitted"}
+_FIELD = re.compile(r"^Object (?P<error>missing required|contains unknown) field `(?P<field>[^`]*)`")
+_AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_PATH_PART = re.compile(r"\.([^.\[]+)|\[([^\]]*)\]")
+
+
+def describe_error(exc: ValueError) -> str:
+    """``where: what`` of a validation error, ``where`` a dotted path into the payload
+    (``prompts.trained.0``, or ``payload`` for the whole): ``train_step: Field required``."""
+    message = str(exc)
+    at = _AT.search(message)
+    where = [] if at is None else [
+        name or index for name, index in _PATH_PART.findall(at.group("path"))]
+    what = message if at is None else message[:at.start()]
+    field = _FIELD.match(what)
+    if field is not None:
+        where.append(field.group("field"))
+        what = _FIELD_ERRORS[field.group("error")]
+    return f"{'.'.join(where) or 'payload'}: {what}"
+
+

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from ledger.errors import LedgerError
-from ledger.events import EventKind
+from ledger.events import EventKind, describe_error
 from ledger.id_ranges import compact
 from ledger.redact import redact_secrets
 
@@ -39,10 +38,8 @@ __all__ = [
     "RunStarted",
     "WeightCommitted",
     "WeightUpdateAborted",
-    "describe_error",
     "payload_model",
     "payload_problem",
-    "read_payload",
     "validate_payload",
 ]
 
@@ -54,10 +51,7 @@ Transport = Literal["full", "lora"]
 
 class Payload(msgspec.Struct, kw_only=True, frozen=True):
     """Base of every kind's payload model: declared keys are checked, other keys are kept by
-    :func:`validate_payload` (and ignored by :func:`read_payload`)."""
-
-
-PayloadT = TypeVar("PayloadT", bound=Payload)
+    :func:`validate_payload` (and ignored by :func:`ledger.events.read_payload`)."""
 
 
 class RunStarted(Payload, kw_only=True):
@@ -255,17 +249,6 @@ def validate_payload(kind: str | EventKind, payload: dict[str, Any]) -> tuple[Ev
     return event_kind, json.loads(json.dumps(redact_secrets(clean)))
 
 
-def read_payload(payload: Any, model: type[PayloadT]) -> PayloadT:
-    """``payload`` (a stored payload dict) read through ``model``: declared fields typed, other
-    keys ignored.
-
-    Raises:
-        msgspec.ValidationError: it does not fit (a ``ValueError``); :func:`describe_error`
-            words it.
-    """
-    return msgspec.convert(payload, model, strict=False)
-
-
 def payload_problem(kind: str, payload: Any) -> str | None:
     """Why a stored ``payload`` does not fit ``kind``'s model (None: it fits). What the audit
     re-checks on every event read back (the append validated it; a raw write may not have).
@@ -284,28 +267,6 @@ def payload_problem(kind: str, payload: Any) -> str | None:
     except msgspec.ValidationError as exc:
         return describe_error(exc)
     return None
-
-
-_FIELD_ERRORS = {"missing required": "Field required",
-                 "contains unknown": "Extra inputs are not permitted"}
-_FIELD = re.compile(r"^Object (?P<error>missing required|contains unknown) field `(?P<field>[^`]*)`")
-_AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
-_PATH_PART = re.compile(r"\.([^.\[]+)|\[([^\]]*)\]")
-
-
-def describe_error(exc: msgspec.ValidationError) -> str:
-    """``where: what`` of a validation error, ``where`` a dotted path into the payload
-    (``prompts.trained.0``, or ``payload`` for the whole): ``train_step: Field required``."""
-    message = str(exc)
-    at = _AT.search(message)
-    where = [] if at is None else [
-        name or index for name, index in _PATH_PART.findall(at.group("path"))]
-    what = message if at is None else message[:at.start()]
-    field = _FIELD.match(what)
-    if field is not None:
-        where.append(field.group("field"))
-        what = _FIELD_ERRORS[field.group("error")]
-    return f"{'.'.join(where) or 'payload'}: {what}"
 
 
 def _encode_other(value: Any) -> Any:

@@ -117,7 +117,8 @@ class BatchView:
 def parse_batch(event: Event) -> BatchView | None:
     """The :class:`BatchView` of a ``batch_trained`` event, or None if its payload does not fit
     :class:`ledger.payloads.BatchTrained` (planted or corrupt rows; the audit reports them)."""
-    from ledger.payloads import BatchTrained, read_payload  # the models, on first use
+    from ledger.payloads import BatchTrained  # the models, on first use
+    from ledger.events import read_payload
 
     try:
         payload = read_payload(event.payload, BatchTrained)

@@ -3,12 +3,10 @@
 Formats:
 
 - ``table``: tables without borders (kubectl style: upper-case headers, aligned columns), or
-  ``key  value`` lines for one object. No colour and no markup, so a cell id such as ``[x]``
-  prints as itself. Width: ``COLUMNS`` if set, else the terminal's, else 160 when the output
-  is not a terminal (so a pipe gets long lines rather than wrapped ones). A table whose cells
-  are printable ASCII and whose columns fit the width is aligned here, as rich would lay it
-  out (a test compares the two); anything else (a cell to fold, wide characters) goes to rich,
-  which the common answers then never import (issue 22: ``ledger status`` in milliseconds).
+  ``key  value`` lines for one object (:mod:`ledger.cli.table_layout`). No colour and no
+  markup, so a cell id such as ``[x]`` prints as itself. Width: ``COLUMNS`` if set, else the
+  terminal's, else 160 when the output is not a terminal (so a pipe gets long lines rather
+  than wrapped ones).
 - log lines (``log -o table``): one event per line, ``SEQ HASH12 TIME KIND key=value...``,
   envelope fields (``version``, ``cell``, ``epoch``) first, then payload keys sorted; a value
   that is not a plain word is JSON-quoted, so every line splits on spaces the same way.
@@ -21,7 +19,6 @@ Formats:
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
 import re
@@ -30,6 +27,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, TextIO
 
+from ledger.cli.table_layout import Table, print_table
 from ledger.events import Event, canonical_json
 
 __all__ = [
@@ -69,67 +67,16 @@ def _width(out: TextIO) -> int:
     return _PIPE_WIDTH
 
 
-class _Table:
-    """A borderless table's columns and rows (cells as text), before it is laid out."""
-
-    def __init__(self, *headers: str, show_header: bool = True,
-                 no_wrap_first: bool = False) -> None:
-        self.headers = headers
-        self.show_header = show_header
-        self.no_wrap_first = no_wrap_first
-        self.rows: list[tuple[str, ...]] = []
-
-    def add_row(self, *cells: str) -> None:
-        self.rows.append(cells)
+def _print_table(out: TextIO, table: Table) -> None:
+    print_table(out, table, _width(out))
 
 
-def _print_table(out: TextIO, table: _Table) -> None:
-    """Lay ``table`` out at the output's width, without the trailing spaces of padding."""
-    width = _width(out)
-    lines = [table.headers, *table.rows] if table.show_header else table.rows
-    if lines and all(isinstance(cell, str) and cell.isascii() and cell.isprintable()
-                     for line in lines for cell in line):
-        widths = [max(len(line[column]) for line in lines)
-                  for column in range(len(table.headers))]
-        if sum(widths) + 2 * (len(widths) - 1) <= width:
-            for line in lines:
-                out.write("  ".join(cell.ljust(size) for cell, size in zip(line, widths))
-                          .rstrip() + "\n")
-            return
-    _print_rich_table(out, table, width)
-
-
-def _print_rich_table(out: TextIO, table: _Table, width: int) -> None:
-    """What does not fit the plain layout: rich folds long cells and measures wide
-    characters. Rendered without colour or markup."""
-    from rich.console import Console
-    from rich.table import Table
-
-    laid_out = Table(box=None, pad_edge=False, show_edge=False, header_style=None,
-                     show_header=table.show_header)
-    for column, header in enumerate(table.headers):
-        if column == 0 and table.no_wrap_first:
-            laid_out.add_column(header, no_wrap=True)
-        else:
-            laid_out.add_column(header, overflow="fold")
-    for row in table.rows:
-        laid_out.add_row(*row)
-    buffer = io.StringIO()
-    console = Console(
-        file=buffer, width=width, markup=False, highlight=False, emoji=False,
-        color_system=None, soft_wrap=False,
-    )
-    console.print(laid_out)
-    for line in buffer.getvalue().splitlines():
-        out.write(line.rstrip() + "\n")
-
-
-def _table(*headers: str) -> _Table:
-    return _Table(*headers)
+def _table(*headers: str) -> Table:
+    return Table(*headers)
 
 
 def _pairs(out: TextIO, rows: Iterable[tuple[str, Any]]) -> None:
-    table = _Table("key", "value", show_header=False, no_wrap_first=True)
+    table = Table("key", "value", show_header=False, no_wrap_first=True)
     for key, value in rows:
         table.add_row(key, _text(value))
     _print_table(out, table)
