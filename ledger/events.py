@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -29,6 +30,7 @@ __all__ = [
     "RunRecord",
     "describe_error",
     "event_hash",
+    "hash_matches",
     "read_payload",
 ]
 
@@ -233,6 +235,62 @@ def event_hash(
         f'"seq":{_scalar(seq)},"version":{_scalar(version)}}}'
     )
     return hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+def hash_matches(event: Event) -> tuple[bool, str]:
+    """Whether ``event.hash`` is the :func:`event_hash` of the event's stored fields; with the
+    payload's canonical JSON (the audit checks it for credentials too).
+
+    The payload is rendered by msgspec first (about 15x faster than ``json.dumps``: the audit
+    renders every event's), and that rendering is trusted only if the payload holds no NaN or
+    infinity: msgspec writes those as ``null``, and it is otherwise exact, so such a rendering
+    that hashes to the stored hash is the text the writer hashed, and the payload read back is
+    the payload written. Anything else (a non-finite float, a float msgspec writes in another
+    form, a value it cannot write) is rendered by :func:`canonical_json`, the definition.
+    """
+    fast = _sorted_json(event.payload)
+    if fast is not None and _hash_of(event, fast) == event.hash:
+        return True, fast
+    payload_json = canonical_json(event.payload)
+    if payload_json == fast:
+        return False, payload_json
+    return _hash_of(event, payload_json) == event.hash, payload_json
+
+
+def _hash_of(event: Event, payload_json: str) -> str:
+    return event_hash(
+        prev_hash=event.prev_hash, run_id=event.run_id, seq=event.seq, kind=event.kind,
+        version=event.version, cell_id=event.cell_id, epoch=event.epoch,
+        idempotency_key=event.idempotency_key, payload=event.payload,
+        recorded_at=event.recorded_at, payload_json=payload_json)
+
+
+_SORTED_ENCODER: Any = None
+
+
+def _sorted_json(value: Any) -> str | None:
+    """msgspec's sorted-key JSON of ``value``, or None: it holds a NaN or an infinity (which
+    msgspec writes as ``null``), or msgspec cannot write it."""
+    global _SORTED_ENCODER
+    if _SORTED_ENCODER is None:
+        import msgspec
+
+        _SORTED_ENCODER = msgspec.json.Encoder(order="sorted")
+    try:
+        rendered = _SORTED_ENCODER.encode(value).decode()
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None if "null" in rendered and _holds_non_finite(value) else rendered
+
+
+def _holds_non_finite(value: Any) -> bool:
+    if type(value) is float:
+        return not math.isfinite(value)
+    if type(value) is dict:
+        return any(_holds_non_finite(item) for item in value.values())
+    if type(value) is list:
+        return any(_holds_non_finite(item) for item in value)
+    return False
 
 
 def read_payload(payload: Any, model: type[_Model]) -> _Model:

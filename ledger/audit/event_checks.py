@@ -32,7 +32,7 @@ from ledger.events import (
     Event,
     EventKind,
     canonical_json,
-    event_hash,
+    hash_matches,
 )
 from ledger.payloads import payload_problem
 from ledger.redact import contains_secret
@@ -153,14 +153,7 @@ class EventChecker:
             self.expected_seq = event.seq + 1
             self.prev_hash = event.hash
             return canonical_json(event.payload)
-        fields = dict(
-            prev_hash=event.prev_hash, run_id=event.run_id, seq=event.seq, kind=event.kind,
-            version=event.version, cell_id=event.cell_id, epoch=event.epoch,
-            idempotency_key=event.idempotency_key, payload=event.payload,
-            recorded_at=event.recorded_at,
-        )
-        payload_json = canonical_json(event.payload)
-        self.hash_ok = event_hash(**fields, payload_json=payload_json) == event.hash
+        self.hash_ok, payload_json = hash_matches(event)
         if not self.hash_ok:
             self.problem(
                 event.seq, "hash_mismatch",
