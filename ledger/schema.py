@@ -130,6 +130,8 @@ version_uses = sa.Table(
     sa.Column("seq", sa.BigInteger(), primary_key=True),
     sa.Column("train_step", sa.BigInteger(), nullable=False),
     sa.Column("samples", sa.BigInteger(), nullable=False),
+    # Since revision 0006: the rows of a run's tail (the incremental audit), without its head.
+    sa.Index("ix_version_uses_seq", "run_id", "seq"),
     sqlite_with_rowid=False,  # since revision 0004: the key is the table
 )
 

@@ -114,12 +114,18 @@ _WITH_PREV_HASH = f"SELECT {_EVENT_COLUMNS}, {_PREV_HASH} FROM ledger_events e "
 _EVENT_PAGE = (f"SELECT {_EVENT_COLUMNS} FROM ledger_events e WHERE e.run_id = :run_id "
                "AND e.seq >= :first AND e.seq <= :last ORDER BY e.seq LIMIT :limit")
 _AT_VERSION = _WITH_PREV_HASH + "WHERE e.run_id = :run_id AND e.version = :version"
-# A literal, not a bound parameter: SQLite uses the partial index on batch_trained rows only
-# when the query's term matches the index's WHERE as written.
-_BATCH_AT_STEP = (_WITH_PREV_HASH + "WHERE e.run_id = :run_id AND e.kind = 'batch_trained' "
-                  "AND e.train_step = :train_step ORDER BY e.seq LIMIT 1")
-_STEP_BOUNDS = ("SELECT min(train_step), max(train_step) FROM ledger_events "
-                "WHERE run_id = :run_id AND kind = 'batch_trained'")
+# The kind a literal, not a bound parameter: SQLite uses the partial index on batch_trained
+# rows only when the query's term matches the index's WHERE as written. Each subquery asks the
+# index for one value: asked for the first row by seq, SQLite walked the run's primary key
+# instead (O(run): 84 ms at 100k steps); asked for min and max in one query, it scanned the
+# index (its min/max shortcut takes one aggregate a query).
+_BATCH_AT_STEP = (_WITH_PREV_HASH + "WHERE e.run_id = :run_id AND e.seq = ("
+                  "SELECT min(seq) FROM ledger_events WHERE run_id = :run_id "
+                  "AND kind = 'batch_trained' AND train_step = :train_step)")
+_STEP_BOUNDS = ("SELECT (SELECT min(train_step) FROM ledger_events "
+                "WHERE run_id = :run_id AND kind = 'batch_trained'), "
+                "(SELECT max(train_step) FROM ledger_events "
+                "WHERE run_id = :run_id AND kind = 'batch_trained')")
 _OF_KIND = (_WITH_PREV_HASH + "WHERE e.run_id = :run_id AND e.kind = :kind "
             "AND e.seq >= :first AND e.seq <= :last ORDER BY e.seq")
 # The partial index over eval_finished rows (revision 0005; the literal kind again), as a join:

@@ -358,10 +358,10 @@ def test_db_upgrade_creates_and_db_current_reports(tmp_path: Path):
     created = invoke("--db", url, "db", "upgrade", "-o", "json")
     assert created.exit_code == 0, created.output
     assert json.loads(created.stdout)["from"] is None
-    # Revision 0005 (issue 22: the index over eval_finished rows) is the head now.
-    assert invoke("--db", url, "db", "current").stdout == "0005 (head)\n"
+    # Revision 0006 (issue 22: the index over version_uses by seq) is the head now.
+    assert invoke("--db", url, "db", "current").stdout == "0006 (head)\n"
     again = invoke("--db", url, "db", "upgrade")
-    assert "already at 0005" in again.stdout
+    assert "already at 0006" in again.stdout
 
 
 def test_plot_writes_a_png_with_the_staleness_histogram(built_url: str, sqlite_path: Path):

@@ -122,14 +122,14 @@ def test_upgrade_from_0001_keeps_every_row_and_the_chain(at_0001: str):
     with pytest.raises(SchemaError, match="ledger db upgrade"):
         Ledger.open(at_0001, readonly=True)  # a reader never upgrades
     before_current = invoke("--db", at_0001, "db", "current")
-    assert before_current.stdout == "0001 (head is 0005; run `ledger db upgrade`)\n"
+    assert before_current.stdout == "0001 (head is 0006; run `ledger db upgrade`)\n"
     before = _rows(at_0001)
 
     upgraded = invoke("--db", at_0001, "db", "upgrade")
 
     assert upgraded.exit_code == 0, upgraded.output
-    assert upgraded.stdout.endswith(": 0001 -> 0005 (head)\n")
-    assert _revision(at_0001) == head_revision() == "0005"
+    assert upgraded.stdout.endswith(": 0001 -> 0006 (head)\n")
+    assert _revision(at_0001) == head_revision() == "0006"
     assert _rows(at_0001) == before
     assert sum(len(rows) for rows in before.values()) == 1 + 20 + 1
     with Ledger.open(at_0001) as writer:
@@ -183,7 +183,7 @@ def test_downgrade_to_0001_and_back(at_0001: str):
     engine.dispose()
     assert _revision(at_0001) == "0001"
     with Ledger.open(at_0001) as writer:
-        assert writer.schema_revision() == "0005"
+        assert writer.schema_revision() == "0006"
         assert writer.verify().ok
 
 
