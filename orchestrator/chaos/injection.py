@@ -60,6 +60,7 @@ _POINTS: dict[FaultKind, tuple[DrillPoint, ...]] = {
     FaultKind.ZOMBIE_PUBLISHER: (DrillPoint.FROZEN,),
     FaultKind.FREEZE_ENGINE: (DrillPoint.FROZEN,),
     FaultKind.FREEZE_FOLLOWER: (DrillPoint.FROZEN,),
+    FaultKind.FREEZE_ROLLOUT_MANAGER: (DrillPoint.FROZEN,),
     FaultKind.KILL_DRIVER: CRASH_POINTS,
     FaultKind.KILL_EVERYTHING: CRASH_POINTS,
 }
@@ -197,6 +198,8 @@ class ChaosHooks(JobHooks):
             self._freeze_engine(ctx, job)
         elif kind is FaultKind.FREEZE_FOLLOWER:
             self._freeze_follower(ctx, job)
+        elif kind is FaultKind.FREEZE_ROLLOUT_MANAGER:
+            self._freeze_manager(ctx, job)
         elif kind is FaultKind.KILL_NODE:
             self._lose_node(ctx, job)
         else:
@@ -238,6 +241,12 @@ class ChaosHooks(JobHooks):
         cell_id = ctx.rng.choice(followers)
         self._freeze(ctx, job, cell_id, lambda: job.supervisor.cells.actor(cell_id),
                      cell=cell_id)
+
+    def _freeze_manager(self, ctx: FaultContext, job: TrainingJob) -> None:
+        """SIGSTOP the rollout manager: the next drain must find it silent, probe it, and
+        replace it from the ledger's prompt account."""
+        self._freeze(ctx, job, "rollout-manager", lambda: job.supervisor.manager,
+                     manager="rollout-manager")
 
     def _freeze(self, ctx: FaultContext, job: TrainingJob, actor_id: str,
                 current: Callable[[], Any], **detail: Any) -> None:

@@ -24,8 +24,8 @@ __all__ = ["FaultKind", "PlannedFault", "draw_schedule", "schedule_from_payload"
 
 class FaultKind(str, enum.Enum):
     """Every fault a campaign can inject; the values are the drill scenario names they reuse
-    (``freeze-engine`` and ``freeze-follower`` are the campaign's own: SIGSTOP, then SIGCONT
-    once the supervisor replaced the frozen actor)."""
+    (``freeze-engine``, ``freeze-follower`` and ``freeze-rollout-manager`` are the campaign's
+    own: SIGSTOP, then SIGCONT once the supervisor replaced the frozen actor)."""
 
     KILL_PUBLISHER_MID_TRAIN = "kill-publisher-mid-train"
     KILL_PUBLISHER_MID_TRANSFER = "kill-publisher-mid-transfer"
@@ -40,6 +40,7 @@ class FaultKind(str, enum.Enum):
     KILL_EVERYTHING = "kill-everything"
     KILL_NODE = "kill-node"
     FREEZE_FOLLOWER = "freeze-follower"
+    FREEZE_ROLLOUT_MANAGER = "freeze-rollout-manager"
 
     @classmethod
     def parse(cls, names: Iterable[str]) -> list[FaultKind]:

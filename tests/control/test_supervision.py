@@ -1,10 +1,11 @@
 """The supervision facade on a real Ray cluster: the step boundary, a frozen engine replaced,
-the rollout manager replaced mid-drain from the ledger's prompt account, and the publisher
+the rollout manager replaced mid-drain (killed or frozen) from the ledger's prompt account, and the publisher
 handing restarted engines over with explicit collaborators."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 from collections.abc import Iterator
@@ -34,18 +35,27 @@ def ledger(sqlite_url: str) -> Iterator[Ledger]:
         yield opened
 
 
-@pytest.fixture
-def supervisor(ledger: Ledger, sqlite_url: str, tmp_path) -> Iterator[Supervisor]:
+@contextlib.contextmanager
+def started(ledger: Ledger, sqlite_url: str, tmp_path, policy: FailurePolicy = POLICY
+            ) -> Iterator[Supervisor]:
     config = RunConfig(run_id=RUN, db=sqlite_url, num_cells=2, num_engines=2,
                        rollout_batch_size=4, n_samples_per_prompt=4,
-                       heartbeat_timeout_s=POLICY.heartbeat_timeout_s)
-    supervisor = Supervisor(config, ledger, RunLayout(tmp_path), policy=POLICY)
+                       heartbeat_timeout_s=policy.heartbeat_timeout_s)
+    supervisor = Supervisor(config, ledger, RunLayout(tmp_path), policy=policy)
     supervisor.start_engines()
     supervisor.start_cells()
     supervisor.ensure_publisher(reason="start")
     supervisor.start_manager()
-    yield supervisor
-    supervisor.stop()
+    try:
+        yield supervisor
+    finally:
+        supervisor.stop()
+
+
+@pytest.fixture
+def supervisor(ledger: Ledger, sqlite_url: str, tmp_path) -> Iterator[Supervisor]:
+    with started(ledger, sqlite_url, tmp_path) as running:
+        yield running
 
 
 @contextlib.contextmanager
@@ -101,6 +111,24 @@ def test_a_killed_follower_is_failed_over_at_begin_step_and_healed_at_end_step(
     assert supervisor.cells.alive_ids() == ["cell-0", "cell-1"]
     assert supervisor.counters.heals == 1
     assert ledger.head(RUN).publisher_cell == "cell-0"  # a follower died: no promotion
+
+
+def test_a_frozen_manager_is_probed_at_a_drain_and_replaced(ledger: Ledger, sqlite_url: str,
+                                                             tmp_path):
+    """A SIGSTOPped manager never answers a drain: after the manager call timeout without a
+    batch it is probed (bounded), found silent, and replaced; the drain is asked again."""
+    policy = dataclasses.replace(POLICY, manager_call_timeout_s=8.0)
+    with started(ledger, sqlite_url, tmp_path, policy) as supervisor:
+        drain(supervisor, 0)
+        old = supervisor.manager
+
+        with frozen(old):
+            batch = drain(supervisor, 1)
+
+        assert supervisor.counters.manager_replacements == 1
+        assert supervisor.manager is not old
+        assert len(batch.samples) == 4
+        assert ray.get(supervisor.manager.get_weight_version.remote(), timeout=30) == 0
 
 
 def test_a_manager_lost_at_a_drain_is_replaced_from_the_ledgers_prompt_account(

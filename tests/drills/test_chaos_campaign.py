@@ -21,9 +21,10 @@ from orchestrator.cli import main
 # Seed 5 draws 8 faults of 7 kinds in 40 steps at a mean interval of 4, two of which kill the
 # job (kill-driver, kill-everything). A frozen engine is found by the probe timeout (about 40 s
 # at the drills' heartbeat), so the freezes are left to the long campaign and to
-# test_frozen_actors_are_replaced_and_let_go, to keep this one short.
+# test_frozen_actors_are_replaced_and_the_run_goes_on, to keep this one short.
 SHORT = CampaignOptions(steps=40, seed=5, mean_interval=4.0,
-                        exclude=(FaultKind.FREEZE_ENGINE, FaultKind.FREEZE_FOLLOWER))
+                        exclude=(FaultKind.FREEZE_ENGINE, FaultKind.FREEZE_FOLLOWER,
+                                 FaultKind.FREEZE_ROLLOUT_MANAGER))
 CRASH_KINDS = {FaultKind.KILL_DRIVER, FaultKind.KILL_EVERYTHING}
 
 
@@ -81,9 +82,10 @@ def test_bad_campaign_flags_are_one_line_and_exit_2(capsys, tmp_path: Path, flag
 
 
 @pytest.mark.slow
-def test_frozen_engines_and_followers_are_replaced_and_the_run_goes_on(tmp_path: Path) -> None:
-    freezes = (FaultKind.FREEZE_ENGINE, FaultKind.FREEZE_FOLLOWER)
-    options = CampaignOptions(steps=24, seed=2, mean_interval=4.0, runs_dir=tmp_path,
+def test_frozen_actors_are_replaced_and_the_run_goes_on(tmp_path: Path) -> None:
+    freezes = (FaultKind.FREEZE_ENGINE, FaultKind.FREEZE_FOLLOWER,
+               FaultKind.FREEZE_ROLLOUT_MANAGER)
+    options = CampaignOptions(steps=24, seed=12, mean_interval=4.0, runs_dir=tmp_path,
                               exclude=tuple(k for k in FaultKind if k not in freezes))
 
     result = run_campaign(options)

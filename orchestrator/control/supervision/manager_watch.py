@@ -1,7 +1,8 @@
 """Manager watch: the rollout manager's liveness and replacement, and the drains it serves.
 
-Every call on the manager is bounded (``manager_call_timeout_s``). A manager that dies is
-replaced by a new one on a node alive now, which rebuilds its prompt state from the ledger
+Every call on the manager is bounded (``manager_call_timeout_s``), and a drain that waits
+longer than that probes the manager with a bounded call. A manager that dies, or is frozen (no
+answer within the bound), is replaced by a new one on a node alive now, which rebuilds its prompt state from the ledger
 itself (:meth:`RolloutManager.restore_from_ledger`): the stream continues where the ledger's
 ``batch_trained`` events say, and the prompts of the batch the driver holds (drained, not yet
 recorded as trained) are not regenerated. The replacement is charged to the restart budget.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -165,7 +167,11 @@ class ManagerWatch:
         A drain asked of a manager replaced since is asked again of the current one. Every
         ``heartbeat_timeout_s`` without a batch ``on_idle`` runs (a lost cell is failed over
         now, healed at the step boundary). A dead rollout manager is replaced from the
-        ledger's prompt state and the drain is asked again of the new one.
+        ledger's prompt state and the drain is asked again of the new one. So is a frozen
+        one: after each ``manager_call_timeout_s`` without a batch the manager is probed
+        (:meth:`alive`, bounded by the same timeout), so a stopped manager costs at most two
+        timeouts, while a drain that is only slow (held back by admission, engines
+        replaced) waits on.
 
         Raises:
             SupervisionLimitError: the restart budget is spent.
@@ -173,10 +179,18 @@ class ManagerWatch:
         """
         if drain.manager is not self.manager:
             drain = self.request_drain(drain.step)
+        silent_since = time.monotonic()
         while True:
             ready, _ = ray.wait([drain.pending], timeout=self.policy.heartbeat_timeout_s)
             if not ready:
                 self._on_idle()
+                if time.monotonic() - silent_since >= self.policy.manager_call_timeout_s:
+                    if not self.alive():
+                        logger.warning("rollout manager frozen (no answer in %.0f s); "
+                                       "replacing it", self.policy.manager_call_timeout_s)
+                        self.replace()
+                        drain = self.request_drain(drain.step)
+                    silent_since = time.monotonic()
                 continue
             try:
                 return ray.get(drain.pending)
