@@ -19,6 +19,7 @@ from orchestrator.config import RunConfig
 from orchestrator.control.provenance_recorder import ProvenanceRecorder
 from orchestrator.control.publisher import Publisher
 from orchestrator.control.supervision import FailurePolicy, Supervisor
+from orchestrator.drills.faults import actor_pid
 from orchestrator.metric_keys import metric_key
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -61,7 +62,7 @@ def supervisor(ledger: Ledger, sqlite_url: str, tmp_path) -> Iterator[Supervisor
 @contextlib.contextmanager
 def frozen(actor) -> Iterator[int]:
     """SIGSTOP the actor's process for the block (SIGCONT after, if it still exists)."""
-    pid = ray.get(actor.pid.remote())
+    pid = actor_pid(actor)
     os.kill(pid, signal.SIGSTOP)
     try:
         yield pid
