@@ -31,7 +31,7 @@ from typing import Any
 
 
 from ledger.events import Event, EventKind
-from ledger.id_ranges import IdMap, iter_ranges
+from ledger.id_ranges import IdMap, gaps_between, iter_ranges
 
 __all__ = [
     "BatchView",
@@ -178,20 +178,10 @@ class PromptLedger:
         return self.next_index
 
     def in_flight_ranges(self) -> list[tuple[int, int]]:
-        """The issued ids neither trained nor dropped, as ``(start, end)`` ranges."""
-        settled = sorted((start, end) for start, end, _ in self.trained.ranges())
-        settled += [(start, end) for start, end, _ in self.dropped.ranges()]
-        settled.sort()
-        gaps, cursor = [], 0
-        for start, end in settled:
-            if start >= self.next_index:
-                break
-            if cursor < start:
-                gaps.append((cursor, start - 1))
-            cursor = max(cursor, end + 1)
-        if cursor < self.next_index:
-            gaps.append((cursor, self.next_index - 1))
-        return gaps
+        """The issued ids neither trained nor dropped, as ``(start, end)`` ranges (from the
+        maps' blocks: bounded by the gaps, not the steps)."""
+        settled = sorted(self.trained.blocks() + self.dropped.blocks())
+        return list(gaps_between(settled, self.next_index))
 
     @property
     def in_flight(self) -> list[int]:

@@ -1,5 +1,7 @@
 """The JSON of an id map (what snapshots and audit checkpoints store): runs of entries that
-count up by one with one width are one progression row, and either form reads back exactly."""
+count up by one with one width are one progression row, and either form reads back exactly.
+Its blocks and gaps (what the prompt account's in-flight ids come from) are exactly the mapped
+and unmapped ids."""
 
 from __future__ import annotations
 
@@ -64,3 +66,18 @@ def test_a_gap_or_another_width_starts_a_new_row():
 def test_a_progression_row_that_does_not_divide_is_refused():
     with pytest.raises(ValueError, match="not a progression row"):
         IdMap.from_json([[0, 9, 1, 4]])
+
+
+@settings(max_examples=300, deadline=None)
+@given(adds=_ADDS, limit=st.integers(min_value=0, max_value=400))
+def test_blocks_and_gaps_are_the_mapped_and_unmapped_ids_whatever_the_values(adds, limit):
+    mapping = _built(adds)
+    mapped = set(mapping)
+
+    blocks = mapping.blocks()
+    gaps = list(mapping.gaps(limit))
+
+    assert [i for start, end in blocks for i in range(start, end + 1)] == sorted(mapped)
+    assert all(later[0] > earlier[1] + 1 for earlier, later in zip(blocks, blocks[1:]))
+    assert [i for start, end in gaps for i in range(start, end + 1)] == [
+        i for i in range(limit) if i not in mapped]
