@@ -122,7 +122,7 @@ def verify(
         if readable:
             progress = checker.state.progress
             report.final_states[record.run_id] = (
-                progress.last_seq, progress.head_hash, checker.state.to_json())
+                progress.last_seq, progress.head_hash, checker.state)
         if checker.state.unstamped_versions:
             report.unstamped[record.run_id] = checker.state.unstamped_versions
     for missing_run, unseen in by_run.items():  # witnesses of runs the ledger never heard of

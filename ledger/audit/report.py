@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ledger.audit.state import AuditState
 
 __all__ = ["AuditReport", "Problem", "compact_ranges"]
 
@@ -37,8 +41,9 @@ class AuditReport:
     events_checked: int = 0
     witnesses_checked: int = 0
     verified_from: dict[str, int] = field(default_factory=dict)  # run -> first seq checked
-    # run -> (seq, head hash, audit state) at its last event: the next audit checkpoint
-    final_states: dict[str, tuple[int, str, dict]] = field(default_factory=dict)
+    # run -> (seq, head hash, audit state) at its last event: the next audit checkpoint (its
+    # JSON is rendered only by a writer that stores it; a read-only verify never pays for it)
+    final_states: dict[str, tuple[int, str, AuditState]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

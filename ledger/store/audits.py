@@ -72,7 +72,8 @@ class AuditReads:
         report = self._with_retries(self._verify_once, run_id, [], True)
         if record and report.ok and run_id in report.final_states:
             seq, head_hash, state = report.final_states[run_id]
-            self._with_retries(self._store, "audit_checkpoints", run_id, seq, head_hash, state)
+            self._with_retries(self._store, "audit_checkpoints", run_id, seq, head_hash,
+                               state.to_json())
         return report
 
     def progress(self, run_id: str) -> Progress:
