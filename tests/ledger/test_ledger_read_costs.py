@@ -6,30 +6,17 @@ ten times more in a run ten times longer."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from ledger import Ledger
+from ledger.store.plain import _Sqlite3Rows  # the CLI's executor over sqlite3
 from ledger.store.reads import Reader
 
 RUN = "long"
 SMALL, LARGE = 2_000, 20_000  # steps of the two runs compared
-
-
-class _Rows:
-    """The Reader's executor over a plain sqlite3 connection."""
-
-    dialect = "sqlite"
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-
-    def __call__(self, sql: str, params: Mapping[str, Any] | None = None
-                 ) -> Sequence[Sequence[Any]]:
-        return self.conn.execute(sql, params or {}).fetchall()
 
 
 def _grown(path: Path, steps: int) -> sqlite3.Connection:
@@ -65,7 +52,7 @@ def _instructions(conn: sqlite3.Connection, read: Callable[[Reader], object]) ->
 
     conn.set_progress_handler(count, 10)
     try:
-        read(Reader(_Rows(conn)))
+        read(Reader(_Sqlite3Rows(conn)))
     finally:
         conn.set_progress_handler(None, 10)
     return counted[0] * 10
