@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from ledger.errors import LedgerError
-from ledger.events import EventKind, describe_error
+from ledger.events import EventKind, describe_error, read_payload
 from ledger.id_ranges import compact
 from ledger.redact import redact_secrets
 
@@ -236,7 +236,7 @@ def validate_payload(kind: str | EventKind, payload: dict[str, Any]) -> tuple[Ev
         raise LedgerError(f"{event_kind.value}: payload may not set {sorted(reserved)}")
     model = _PAYLOAD_MODELS[event_kind]
     try:
-        declared = msgspec.to_builtins(msgspec.convert(payload, model, strict=False))
+        declared = msgspec.to_builtins(read_payload(payload, model))
         extra = {key: value for key, value in payload.items()
                  if key not in model.__struct_fields__}
         clean = msgspec.to_builtins({**declared, **extra}, enc_hook=_encode_other)
@@ -263,7 +263,7 @@ def payload_problem(kind: str, payload: Any) -> str | None:
     if reserved:
         return f"payload sets {sorted(reserved)}"
     try:
-        msgspec.convert(payload, _PAYLOAD_MODELS[event_kind], strict=False)
+        read_payload(payload, _PAYLOAD_MODELS[event_kind])
     except msgspec.ValidationError as exc:
         return describe_error(exc)
     return None

@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import Any
 
 
-from ledger.events import Event, EventKind
+from ledger.events import Event, EventKind, read_payload
 from ledger.id_ranges import IdMap, gaps_between, iter_ranges
 
 __all__ = [
@@ -118,7 +118,6 @@ def parse_batch(event: Event) -> BatchView | None:
     """The :class:`BatchView` of a ``batch_trained`` event, or None if its payload does not fit
     :class:`ledger.payloads.BatchTrained` (planted or corrupt rows; the audit reports them)."""
     from ledger.payloads import BatchTrained  # the models, on first use
-    from ledger.events import read_payload
 
     try:
         payload = read_payload(event.payload, BatchTrained)
