@@ -308,7 +308,8 @@ def read_payload(payload: Any, model: type[_Model]) -> _Model:
 
 _FIELD_ERRORS = {"missing required": "Field required",
                  "contains unknown": "Extra inputs are not permitted"}
-_FIELD = re.compile(r"^Object (?P<error>missing required|contains unknown) field `(?P<field>[^`]*)`")
+_FIELD = re.compile(
+    r"^Object (?P<error>missing required|contains unknown) field `(?P<field>[^`]*)`")
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _PATH_PART = re.compile(r"\.([^.\[]+)|\[([^\]]*)\]")
 

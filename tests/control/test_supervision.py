@@ -1,6 +1,6 @@
 """The supervision facade on a real Ray cluster: the step boundary, a frozen engine replaced,
-the rollout manager replaced mid-drain (killed or frozen) from the ledger's prompt account, and the publisher
-handing restarted engines over with explicit collaborators."""
+the rollout manager replaced mid-drain (killed or frozen) from the ledger's prompt account, and
+the publisher handing restarted engines over with explicit collaborators."""
 
 from __future__ import annotations
 
