@@ -5,7 +5,8 @@ longer than that probes the manager with a bounded call. A manager that dies, or
 answer within the bound), is replaced by a new one on a node alive now, which rebuilds its
 prompt state from the ledger itself (:meth:`RolloutManager.restore_from_ledger`): the stream
 continues where the ledger's ``batch_trained`` events say, and the prompts of the batch the
-driver holds (drained, not yet recorded as trained) are not regenerated. The replacement is charged to the restart budget.
+driver holds (drained, not yet recorded as trained) are not regenerated. The replacement is
+charged to the restart budget.
 
 A drain is a :class:`Drain`: the manager asked and its answer. A drain asked of a manager that
 has been replaced since is asked again of the new one, which regenerates those prompts.
