@@ -71,7 +71,7 @@ drills: install-vllm
 # any breach. Hours on a small machine; ARGS="--sqlite-seeds 2 --postgres-seeds 0" for a taste.
 CHAOS_PG ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
 chaos: install-vllm
-	$(BIN)/python bench/chaos.py --pg-url $(CHAOS_PG) --reward-tolerance 0.2 $(ARGS)
+	$(BIN)/python bench/chaos.py --pg-url $(CHAOS_PG) --reward-tolerance 0.2 --overlap $(ARGS)
 
 # Every benchmark, in one session (the README tables come from one such run); each prints a
 # table and asserts nothing. `make bench ARGS=--quick` is a smoke run of the first five.

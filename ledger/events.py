@@ -57,6 +57,7 @@ class EventKind(enum.StrEnum):
     CHECKPOINT_SAVED = "checkpoint_saved"
     BATCH_TRAINED = "batch_trained"
     EVAL_FINISHED = "eval_finished"
+    ACTOR_REPLACED = "actor_replaced"
     DRILL_STARTED = "drill_started"
     FAULT_INJECTED = "fault_injected"
     DRILL_VERDICT = "drill_verdict"

@@ -27,6 +27,7 @@ from ledger.id_ranges import compact
 from ledger.redact import redact_secrets
 
 __all__ = [
+    "ActorReplaced",
     "BatchTrained",
     "CellPromoted",
     "CellState",
@@ -185,6 +186,16 @@ class EvalFinished(Payload, kw_only=True):
     metrics: dict[str, float]
 
 
+class ActorReplaced(Payload, kw_only=True):
+    """The control plane replaced a rollout engine or the rollout manager (not fenced: the
+    supervisor's record, like ``cell_state``): which, and why (``dead``: its process is gone;
+    ``frozen``: it gave no answer within its bound). A healed cell is ``cell_state`` healed."""
+
+    actor: Literal["engine", "rollout-manager"]
+    actor_id: NonEmpty
+    reason: Literal["dead", "frozen"]
+
+
 class DrillEvent(Payload, kw_only=True):
     scenario: str
 
@@ -203,6 +214,7 @@ _PAYLOAD_MODELS: dict[EventKind, type[Payload]] = {
     EventKind.CHECKPOINT_SAVED: CheckpointSaved,
     EventKind.BATCH_TRAINED: BatchTrained,
     EventKind.EVAL_FINISHED: EvalFinished,
+    EventKind.ACTOR_REPLACED: ActorReplaced,
     EventKind.DRILL_STARTED: DrillEvent,
     EventKind.FAULT_INJECTED: DrillEvent,
     EventKind.DRILL_VERDICT: DrillEvent,

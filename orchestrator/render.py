@@ -96,16 +96,17 @@ def print_run_summary(result: JobResult) -> None:
     console.print(hint, soft_wrap=True, highlight=False)
 
 
-_CHAOS_COLUMNS = ("fault kind", "planned", "fired", "in a recovery", "recovered",
-                  "recover p50 s", "recover p99 s")
+_CHAOS_COLUMNS = ("fault kind", "planned", "planned in a recovery", "fired", "in a recovery",
+                  "recovered", "recover p50 s", "recover p99 s")
 _BREACHES_SHOWN = 20
 
 
 class ChaosTable:
     """The campaign verdict: one line per campaign (seed, steps, faults, breaches, reward
     against fault-free), then one table of faults by kind over every campaign added (planned,
-    fired, fired while an earlier fault was still recovering, recovered, recovery time
-    p50/p99), then the breaches, each naming its fault."""
+    planned into another's recovery, fired, fired while an earlier fault was still recovering
+    as the ledger shows it, recovered, recovery time p50/p99), then the breaches, each naming
+    its fault."""
 
     def __init__(self) -> None:
         self.results: list[CampaignResult] = []
@@ -140,13 +141,14 @@ class ChaosTable:
         for column in _CHAOS_COLUMNS:
             kinds.add_column(column)
         for kind in FaultKind:
-            planned = sum(1 for r in self.results for f in r.schedule if f.kind is kind)
+            planned = [f for r in self.results for f in r.schedule if f.kind is kind]
             fired = [f for r in self.results for f in r.fired if f.kind is kind]
             times = [f.recovery_s for f in fired if f.recovery_s is not None]
             if planned or fired:
+                chained = sum(1 for f in planned if f.after is not None)
                 overlapping = sum(1 for f in fired if f.during_recovery_of is not None)
-                kinds.add_row(kind.value, str(planned), str(len(fired)), str(overlapping),
-                              str(len(times)),
+                kinds.add_row(kind.value, str(len(planned)), str(chained), str(len(fired)),
+                              str(overlapping), str(len(times)),
                               _seconds(percentile(times, 0.5)), _seconds(percentile(times, 0.99)))
         console.print(runs)
         console.print(kinds)

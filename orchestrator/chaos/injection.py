@@ -14,14 +14,27 @@ drill's :class:`~orchestrator.drills.crash.CrashHooks`, which SIGKILL this proce
 job's workers); the campaign runner (:mod:`orchestrator.chaos.campaign`) resumes the run in a new
 process, whose hooks skip every fault the ledger already records as fired.
 
+A fault planned into another's recovery (``--overlap``, :attr:`PlannedFault.after`) fires at the
+first hook point of the job after its predecessor fired: the next
+``before_train_step`` after a fault fired at a step's end (the boundary has sorted out what it
+could, the step that recovers has not committed), the first hook of a resumed job after a job
+kill, the ``before_publish`` of the retried update attempt after a publisher was killed inside
+an update (after the failover, before the new publisher's first commit). A kind that acts
+at a later point of a step fires only where that point is still ahead (:data:`_CHAINED_HOOKS`).
+Whether it really landed inside the recovery is judged afterwards from the ledger alone
+(:func:`~orchestrator.chaos.recovery.fired_faults`), not taken from the plan.
+
 A fault that cannot be injected at its step (``kill-follower`` while the only follower is still
-being healed) is tried again at the next step's end, up to :data:`MAX_DEFERRALS` times, then left
-unfired: the campaign reports planned against fired.
+being healed) is tried again at the next step's end (a chained one at the next hook point), up to
+:data:`MAX_DEFERRALS` times, then left unfired: the campaign reports planned against fired. A
+chained fault whose predecessor never fires is released to fire at a step's end
+:data:`MAX_DEFERRALS` steps after its planned step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import os
 import random
@@ -63,6 +76,26 @@ _POINTS: dict[FaultKind, tuple[DrillPoint, ...]] = {
     FaultKind.FREEZE_ROLLOUT_MANAGER: (DrillPoint.FROZEN,),
     FaultKind.KILL_DRIVER: CRASH_POINTS,
     FaultKind.KILL_EVERYTHING: CRASH_POINTS,
+}
+
+
+class HookPoint(str, enum.Enum):
+    """The job's hook points, in the order a step reaches them."""
+
+    BEFORE_TRAIN_STEP = "before_train_step"
+    AFTER_TRAIN_STEP = "after_train_step"
+    BEFORE_PUBLISH = "before_publish"
+    ON_STEP_END = "on_step_end"
+
+
+_LATE_IN_STEP = (HookPoint.AFTER_TRAIN_STEP, HookPoint.BEFORE_PUBLISH)
+# Where a chained fault may fire. A mid-train kill acts in the train step ahead, so only
+# before one; a zombie publisher publishes a version of its own inside its hook, which only a
+# step's end leaves the step's staleness bound intact for. Every other kind acts at once or at
+# the step's publish, both still ahead at any point.
+_CHAINED_HOOKS: dict[FaultKind, tuple[HookPoint, ...]] = {
+    FaultKind.KILL_PUBLISHER_MID_TRAIN: (HookPoint.BEFORE_TRAIN_STEP, HookPoint.ON_STEP_END),
+    FaultKind.ZOMBIE_PUBLISHER: (HookPoint.ON_STEP_END,),
 }
 
 
@@ -122,6 +155,9 @@ class ChaosHooks(JobHooks):
                  ledger: Ledger, ledger_url: str, cluster: LocalCluster | None = None,
                  frozen_s: float = 120.0) -> None:
         self.pending = [fault for fault in schedule if fault.index not in already_fired]
+        self.seen_fired = set(already_fired)  # their chained faults may fire
+        self.given_up: set[int] = set()
+        self.contexts: dict[int, FaultContext] = {}
         self.seed = seed
         self.ledger = ledger
         self.ledger_url = ledger_url
@@ -135,17 +171,21 @@ class ChaosHooks(JobHooks):
     # ---- the job's hook points, forwarded to the armed faults
 
     def before_train_step(self, job: TrainingJob, step: int) -> None:
+        self._fire_chained(job, step, HookPoint.BEFORE_TRAIN_STEP)
         self._each_armed(lambda hooks: hooks.before_train_step(job, step))
 
     def after_train_step(self, job: TrainingJob, step: int) -> None:
+        self._fire_chained(job, step, HookPoint.AFTER_TRAIN_STEP)
         self._each_armed(lambda hooks: hooks.after_train_step(job, step))
 
     def before_publish(self, job: TrainingJob) -> None:
+        self._fire_chained(job, job.step, HookPoint.BEFORE_PUBLISH)
         self._each_armed(lambda hooks: hooks.before_publish(job))
 
     def on_step_end(self, job: TrainingJob, step: int) -> None:
         self._join_nodes()
-        for fault in [f for f in self.pending if f.step <= step]:
+        self._fire_chained(job, step, HookPoint.ON_STEP_END)
+        for fault in [f for f in self.pending if f.step <= step and self._released(f, step)]:
             self._fire(fault, job, step)
         self._each_armed(lambda hooks: hooks.on_step_end(job, step))
 
@@ -157,11 +197,30 @@ class ChaosHooks(JobHooks):
 
     # ---- firing
 
-    def _fire(self, fault: PlannedFault, job: TrainingJob, step: int) -> None:
-        ctx = self._context(fault, step)
-        logger.warning("chaos: fault %d (%s, %s) after step %d", fault.index, fault.kind.value,
-                       ctx.plan.point, step + 1)
+    def _fire_chained(self, job: TrainingJob, step: int, hook: HookPoint) -> None:
+        """Fire each pending fault planned into the recovery of a fault that fired before this
+        hook point (at an earlier one, or since from a thread of its own), where its kind may
+        fire (:data:`_CHAINED_HOOKS`)."""
+        self.seen_fired |= {index for index, ctx in self.contexts.items() if ctx.record.fired}
+        for fault in [f for f in self.pending if f.after is not None
+                      and f.after in self.seen_fired
+                      and hook in _CHAINED_HOOKS.get(f.kind, tuple(HookPoint))]:
+            self._fire(fault, job, step, hook)
+
+    def _released(self, fault: PlannedFault, step: int) -> bool:
+        """Whether ``fault`` may fire at the end of ``step``: it is not chained, or its
+        predecessor was given up, or it has waited :data:`MAX_DEFERRALS` steps for it."""
+        return (fault.after is None or fault.after in self.given_up
+                or step >= fault.step + MAX_DEFERRALS)
+
+    def _fire(self, fault: PlannedFault, job: TrainingJob, step: int,
+              hook: HookPoint = HookPoint.ON_STEP_END) -> None:
+        ctx = self._context(fault, step, hook)
+        logger.warning("chaos: fault %d (%s, %s) at %s of step %d%s", fault.index,
+                       fault.kind.value, ctx.plan.point, hook.value, step + 1,
+                       "" if fault.after is None else f", in the recovery of fault {fault.after}")
         self.pending.remove(fault)
+        self.contexts[fault.index] = ctx
         try:
             self._inject(ctx, job, step)
         except Exception as exc:  # noqa: BLE001 - judged from the ledger, never ends the run
@@ -176,15 +235,19 @@ class ChaosHooks(JobHooks):
                 self.pending.insert(0, fault)
             else:
                 logger.warning("chaos: fault %d never injected: %s", fault.index, exc)
+                self.given_up.add(fault.index)
 
-    def _context(self, fault: PlannedFault, step: int) -> FaultContext:
+    def _context(self, fault: PlannedFault, step: int, hook: HookPoint) -> FaultContext:
         rng = random.Random(f"{self.seed}:{fault.index}")
         points = _POINTS.get(fault.kind, (DrillPoint.BETWEEN_STEPS,))
         plan = FaultPlan(fault.kind.value, step, rng.choice(points),
                          delay_s=round(rng.uniform(0.0, 0.005), 4),
                          hold_s=round(rng.uniform(2.0, 5.0), 1))
-        return FaultContext(fault, plan, rng, "", self.ledger_url, self.ledger, self.cluster,
-                            self)  # the run id is the job's, set as the fault fires
+        ctx = FaultContext(fault, plan, rng, "", self.ledger_url, self.ledger, self.cluster,
+                           self)  # the run id is the job's, set as the fault fires
+        if fault.after is not None:
+            ctx.record.detail.update(hook=hook.value, planned_after=fault.after)
+        return ctx
 
     def _inject(self, ctx: FaultContext, job: TrainingJob, step: int) -> None:
         kind = ctx.fault.kind

@@ -7,9 +7,12 @@ recorded in the ledger (``drill_started``), so a campaign replays from its seed 
 can say which planned fault a violation followed.
 
 With ``overlap`` off, a fault is never planned within ``recovery_steps`` of the previous one (each
-recovery is seen on its own); with it on, gaps are kept as drawn, so a fault may land inside the
-recovery from the one before (an engine dies during a failover, the database blips during a
-resume).
+recovery is seen on its own). With it on, a fault drawn within ``recovery_steps`` of the previous
+one is planned *into that one's recovery* (:attr:`PlannedFault.after`): it fires at the first
+hook point of the job after its predecessor fired, before the step that recovers from it
+commits (an engine dies during a failover, the database blips during a resume, the new publisher
+is killed before its first commit). Firing at a step's end alone would not do: most recoveries
+end within the step after their fault, so such faults landed in a recovery almost never.
 """
 
 from __future__ import annotations
@@ -61,11 +64,17 @@ class FaultKind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class PlannedFault:
-    """One fault of the schedule: its position, the step it fires at, and its kind."""
+    """One fault of the schedule: its position, the step it fires at, and its kind.
+
+    ``after``: the index of the fault into whose recovery this one is planned (it fires as soon
+    as that one has fired, at the next hook point of the job, instead of at a step's end);
+    None for a fault that fires at the end of ``step``.
+    """
 
     index: int
     step: int
     kind: FaultKind
+    after: int | None = None
 
     def to_payload(self) -> dict[str, object]:
         """The JSON form recorded in ``drill_started`` and ``fault_injected``."""
@@ -97,16 +106,19 @@ def draw_schedule(seed: int, steps: int, *, mean_interval: float = 10.0,
     while True:
         position += rng.expovariate(1.0 / mean_interval)
         step = int(position)
-        if faults and not overlap:
-            step = max(step, faults[-1].step + recovery_steps)
-        elif faults:
-            step = max(step, faults[-1].step)  # several faults may share a step
+        after = None
+        if faults and step < faults[-1].step + recovery_steps:
+            if overlap:  # into the previous fault's recovery
+                step, after = faults[-1].step, faults[-1].index
+            else:
+                step = faults[-1].step + recovery_steps
         if step >= last_step:
             return faults
-        faults.append(PlannedFault(len(faults), step, rng.choice(list(kinds))))
+        faults.append(PlannedFault(len(faults), step, rng.choice(list(kinds)), after))
 
 
 def schedule_from_payload(items: Iterable[dict[str, object]]) -> list[PlannedFault]:
     """The schedule back from its recorded JSON form (:meth:`PlannedFault.to_payload`)."""
-    return [PlannedFault(int(item["index"]), int(item["step"]), FaultKind(str(item["kind"])))
+    return [PlannedFault(int(item["index"]), int(item["step"]), FaultKind(str(item["kind"])),
+                         None if item.get("after") is None else int(item["after"]))
             for item in items]

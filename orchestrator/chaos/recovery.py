@@ -7,8 +7,11 @@ recovery committed. For a fault that costs the publisher (a publisher killed or 
 driver or everything killed, its node lost) that is the first commit at an epoch above the one
 current when the fault fired: a publisher that outlived a killed driver may still finish the
 commit it was in, legally, at the old epoch, and the recovery did not make that one (the drill
-table's negative ``recover s`` came from counting it). For any other fault it is the first
-commit after the firing.
+table's negative ``recover s`` came from counting it). For a fault that costs an engine or the
+rollout manager it is the first commit after the supervisor replaced that actor
+(``actor_replaced``), or after a resume that replaced everything: the step in progress when the
+manager froze still commits without it, and the stall comes at the next drain. For any other
+fault it is the first commit after the firing.
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ from datetime import datetime, timedelta
 from ledger import Event, EventKind
 from orchestrator.chaos.nemesis import FaultKind
 
-__all__ = ["FAILOVER_KINDS", "FiredFault", "fired_faults", "percentile"]
+__all__ = ["FAILOVER_KINDS", "REPLACED_ACTOR", "FiredFault", "fired_faults", "percentile"]
+
+# Kinds whose recovery is a replaced actor: the ``actor`` its ``actor_replaced`` names.
+REPLACED_ACTOR = {
+    FaultKind.KILL_ENGINE: "engine", FaultKind.FREEZE_ENGINE: "engine",
+    FaultKind.KILL_ROLLOUT_MANAGER: "rollout-manager",
+    FaultKind.FREEZE_ROLLOUT_MANAGER: "rollout-manager",
+}
 
 FAILOVER_KINDS = frozenset({
     FaultKind.KILL_PUBLISHER_MID_TRAIN, FaultKind.KILL_PUBLISHER_MID_TRANSFER,
@@ -61,9 +71,12 @@ def fired_faults(events: Iterable[Event]) -> list[FiredFault]:
         kind = FaultKind(fault["kind"])
         at = _fired_at(event)
         epoch = max((epoch for when, epoch in promotions if when <= at), default=0)
-        recovery = next(((when, version) for when, commit_epoch, version in commits
-                         if when >= at and (kind not in FAILOVER_KINDS or commit_epoch > epoch)),
-                        None)
+        since = at
+        if kind in REPLACED_ACTOR:
+            since = _replaced_at(events, event, REPLACED_ACTOR[kind])
+        recovery = None if since is None else next(
+            ((when, version) for when, commit_epoch, version in commits
+             if when >= since and (kind not in FAILOVER_KINDS or commit_epoch > epoch)), None)
         fired.append(FiredFault(
             index=int(fault["index"]), kind=kind, planned_step=int(fault["step"]),
             point=str(event.payload.get("point")), fired_at=at, seq=event.seq,
@@ -85,6 +98,22 @@ def _overlaps(fired: list[FiredFault]) -> list[FiredFault]:
         marked.append(replace(fault, during_recovery_of=open_before[-1].index)
                       if open_before else fault)
     return marked
+
+
+def _replaced_at(events: list[Event], fault: Event, actor: str) -> datetime | None:
+    """When the actor ``fault`` cost was replaced: its ``actor_replaced`` (the same engine id
+    where the fault names one), or a resume, whichever comes first after the fault; None if
+    neither does."""
+    engine = (fault.payload.get("detail") or {}).get("engine")
+    for event in events:
+        if event.seq <= fault.seq:
+            continue
+        if event.kind == EventKind.RUN_RESUMED:
+            return event.recorded_at
+        if (event.kind == EventKind.ACTOR_REPLACED and event.payload.get("actor") == actor
+                and (engine is None or event.payload.get("actor_id") == engine)):
+            return event.recorded_at
+    return None
 
 
 def _fired_at(event: Event) -> datetime:

@@ -43,7 +43,9 @@ class JobHooks:
         """The cells have applied ``step`` (or it failed and is being raised)."""
 
     def before_publish(self, job: TrainingJob) -> None:
-        """A weight update is about to start (before the publisher is called)."""
+        """A weight update attempt is about to start (before the publisher is called): once
+        per update, and again before each retry of it, once the failed attempt was sorted
+        out (a lost publisher failed over, dead engines restarted)."""
 
     def on_step_end(self, job: TrainingJob, step: int) -> None:
         """``step`` is done: published, checkpointed, metrics written."""

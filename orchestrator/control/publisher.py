@@ -68,7 +68,10 @@ class Publisher:
         manager: the rollout manager watch (hand-over and the version push); ``None`` for a
             publisher without rollouts (tests).
         policy: the attempts and the bound on every call.
-        before_publish: called before each update (the job's hook).
+        before_publish: called before each attempt of an update (the job's hook): once, and
+            again before a retry, after a failed attempt was sorted out (a lost publisher
+            failed over), so a drill can act between a failover and the new publisher's
+            first commit.
     """
 
     def __init__(self, cells: CellGroup, failover: CellFailover, engines: EngineRestarts,
@@ -100,7 +103,6 @@ class Publisher:
             StepFailedError: ``max_attempts`` attempts failed.
             SupervisionLimitError: engines kept dying past the restart budget.
         """
-        self._before_publish()
         outcome = self.policy.run(self._attempt_sorted_out, "weight update failed")
         if self._manager is not None and self._manager.manager is not None:
             started = time.perf_counter()
@@ -112,6 +114,7 @@ class Publisher:
         return outcome
 
     def _attempt_sorted_out(self) -> PublishOutcome:
+        self._before_publish()
         try:
             return self.try_publish()
         except EngineLostError as exc:

@@ -21,6 +21,7 @@ accounting from the ledger alone: no prompt trained twice, none lost.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -49,6 +50,7 @@ __all__ = ["CRASH_POINTS", "CrashHooks", "expect_prompts_once", "run_whole_job_c
 
 CRASH_POINTS = (DrillPoint.BETWEEN_COMMIT_AND_STAMP, DrillPoint.MID_DRAIN)
 _MID_DRAIN_DELAY_S = 0.05
+_PID_TIMEOUT_S = 10.0  # a live worker answers in milliseconds; a frozen one never
 
 
 class CrashHooks(JobHooks):
@@ -86,16 +88,24 @@ class CrashHooks(JobHooks):
 
     def _die_soon(self, job: TrainingJob) -> None:
         time.sleep(_MID_DRAIN_DELAY_S)
-        queued = ray.get(job.supervisor.manager.metrics.remote(), timeout=30)
-        self._die(job, self._pids(job), queue_size=queued.get(metric_key("queue_size")))
+        try:
+            queued = ray.get(job.supervisor.manager.metrics.remote(), timeout=30)
+            queue_size = queued.get(metric_key("queue_size"))
+        except Exception:  # noqa: BLE001 - a manager frozen or lost by an earlier fault
+            queue_size = None  # the kill goes ahead: the queue size is only a detail
+        self._die(job, self._pids(job), queue_size=queue_size)
 
     def _pids(self, job: TrainingJob) -> list[int]:
-        """This process, and for ``everything`` every worker of the job."""
+        """This process, and for ``everything`` every worker of the job that answers (one
+        frozen or lost by an earlier fault of a chaos campaign cannot say its pid, and is
+        left to Ray, which tears down what the dead driver started)."""
         pids = [os.getpid()]
         if self.what == "everything":
             actors = [job.supervisor.manager, *job.supervisor.engines.values(),
                       *(job.supervisor.cells.actor(c) for c in job.supervisor.cells.alive_ids())]
-            pids += [actor_pid(actor) for actor in actors]
+            for actor in actors:
+                with contextlib.suppress(Exception):
+                    pids.append(actor_pid(actor, timeout_s=_PID_TIMEOUT_S))
         return pids
 
     def _die(self, job: TrainingJob, pids: list[int], **detail: Any) -> None:

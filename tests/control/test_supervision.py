@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 import ray
 
-from ledger import Ledger
+from ledger import EventKind, Ledger
 from ledger.run_layout import RunLayout
 from orchestrator.config import RunConfig
 from orchestrator.control.provenance_recorder import ProvenanceRecorder
@@ -75,8 +75,14 @@ def drain(supervisor: Supervisor, step: int):
     return supervisor.await_drain(supervisor.request_drain(step))
 
 
+def replacements(ledger: Ledger) -> list[tuple[str, str, str]]:
+    """The run's ``actor_replaced`` events: (actor, id, reason)."""
+    return [(e.payload["actor"], e.payload["actor_id"], e.payload["reason"])
+            for e in ledger.events(RUN) if e.kind == EventKind.ACTOR_REPLACED]
+
+
 def test_a_frozen_engine_is_replaced_at_the_step_boundary_and_gets_the_next_update(
-    supervisor: Supervisor,
+    supervisor: Supervisor, ledger: Ledger,
 ):
     publisher = Publisher.of(supervisor)
     assert publisher.publish_weights().version == 1
@@ -89,6 +95,7 @@ def test_a_frozen_engine_is_replaced_at_the_step_boundary_and_gets_the_next_upda
 
     assert "loss" in metrics
     assert supervisor.counters.engine_restarts == 1
+    assert replacements(ledger) == [("engine", "engine-0", "frozen")]
     assert supervisor.engines["engine-0"] is not old
     assert supervisor.engines_awaiting_weights  # the loop must publish now
     assert publisher.publish_weights().version == 2
@@ -127,6 +134,7 @@ def test_a_frozen_manager_is_probed_at_a_drain_and_replaced(ledger: Ledger, sqli
             batch = drain(supervisor, 1)
 
         assert supervisor.counters.manager_replacements == 1
+        assert replacements(ledger) == [("rollout-manager", "rollout-manager", "frozen")]
         assert supervisor.manager is not old
         assert len(batch.samples) == 4
         assert ray.get(supervisor.manager.get_weight_version.remote(), timeout=30) == 0
@@ -154,6 +162,7 @@ def test_a_manager_lost_at_a_drain_is_replaced_from_the_ledgers_prompt_account(
     replacement_batch = supervisor.await_drain(supervisor.request_drain(2))
 
     assert supervisor.counters.manager_replacements == 1
+    assert replacements(ledger) == [("rollout-manager", "rollout-manager", "dead")]
     assert len(replacement_batch.samples) == 4
     regenerated = {group[0].group_index for group in replacement_batch.samples}
     assert not regenerated & trained  # nothing on record as trained comes back

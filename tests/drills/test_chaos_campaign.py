@@ -22,7 +22,7 @@ from orchestrator.cli import main
 # job (kill-driver, kill-everything). A frozen engine is found by the probe timeout (about 40 s
 # at the drills' heartbeat), so the freezes are left to the long campaign and to
 # test_frozen_actors_are_replaced_and_the_run_goes_on, to keep this one short.
-SHORT = CampaignOptions(steps=40, seed=5, mean_interval=4.0,
+SHORT = CampaignOptions(steps=40, seed=5, mean_interval=4.0, overlap=True,
                         exclude=(FaultKind.FREEZE_ENGINE, FaultKind.FREEZE_FOLLOWER,
                                  FaultKind.FREEZE_ROLLOUT_MANAGER))
 CRASH_KINDS = {FaultKind.KILL_DRIVER, FaultKind.KILL_EVERYTHING}
@@ -40,10 +40,13 @@ def fault_events_by_kind(ledger_url: str, run_id: str) -> Counter[str]:
 def test_the_short_campaign_draws_at_least_six_kinds_with_job_kills() -> None:
     kinds = [k for k in FaultKind if k not in (*SHORT.exclude, FaultKind.KILL_NODE)]
     schedule = draw_schedule(SHORT.seed, SHORT.steps, mean_interval=SHORT.mean_interval,
-                             kinds=kinds)
+                             kinds=kinds, overlap=SHORT.overlap)
 
     assert len({fault.kind for fault in schedule}) >= 6
     assert CRASH_KINDS <= {fault.kind for fault in schedule}
+    chained = {fault.after: fault for fault in schedule if fault.after is not None}
+    # One chain starts in a resume: a fault planned into the recovery of a job kill.
+    assert any(schedule[after].kind in CRASH_KINDS for after in chained)
 
 
 def test_a_short_campaign_fires_every_fault_recovers_and_is_green(tmp_path: Path) -> None:
@@ -56,6 +59,11 @@ def test_a_short_campaign_fires_every_fault_recovers_and_is_green(tmp_path: Path
     assert len(planned) >= 6
     assert sorted(f.index for f in result.fired) == [f.index for f in result.schedule]
     assert all(f.recovery_s is not None and f.recovery_s >= 0 for f in result.fired)
+    fired = {f.index: f for f in result.fired}
+    chained = [f for f in result.schedule if f.after is not None]
+    assert all(fired[f.after].fired_at <= fired[f.index].fired_at for f in chained)
+    # Judged from the ledger, not the plan: faults really landed inside a recovery.
+    assert sum(1 for f in result.fired if f.during_recovery_of is not None) >= 2
     crashes = sum(1 for fault in result.schedule if fault.kind in CRASH_KINDS)
     assert result.job_processes == 1 + crashes
     assert any("kill-node left out" in note for note in result.notes)

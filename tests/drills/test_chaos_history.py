@@ -173,12 +173,19 @@ def test_the_schedule_is_seeded_poisson_spaced_and_replays_from_its_record() -> 
     assert schedule_from_payload([f.to_payload() for f in first]) == first
 
 
-def test_overlap_lets_faults_land_inside_a_recovery_and_exclusion_is_honoured() -> None:
+def test_overlap_plans_close_faults_into_the_recovery_of_the_one_before() -> None:
     kinds = [k for k in FaultKind if k is not FaultKind.KILL_NODE]
     overlapping = draw_schedule(3, 400, mean_interval=2.0, kinds=kinds, overlap=True)
+    spaced = draw_schedule(3, 400, mean_interval=2.0, kinds=kinds)
 
-    assert any(b.step - a.step < 3 for a, b in zip(overlapping, overlapping[1:]))
+    chained = [(a, b) for a, b in zip(overlapping, overlapping[1:]) if b.after is not None]
+    assert len(chained) >= len(overlapping) // 4  # about 1 - exp(-3 / 2) of the gaps
+    assert all(b.after == a.index and b.step == a.step for a, b in chained)
+    assert all(b.step - a.step >= 3 for a, b in zip(overlapping, overlapping[1:])
+               if b.after is None)  # the rest are spaced as without overlap
+    assert all(fault.after is None for fault in spaced)
     assert FaultKind.KILL_NODE not in {f.kind for f in overlapping}
+    assert schedule_from_payload([f.to_payload() for f in overlapping]) == overlapping
 
 
 @pytest.mark.parametrize("arguments, message", [

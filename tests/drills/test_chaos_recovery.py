@@ -22,6 +22,11 @@ def _fire(ledger: Ledger, index: int, kind: FaultKind) -> None:
         "scenario": kind.value, "point": "between-steps", "fired_at": fired_at})
 
 
+def _replaced(ledger: Ledger, actor: str, actor_id: str, reason: str = "dead") -> None:
+    ledger.append(RUN, EventKind.ACTOR_REPLACED,
+                  {"actor": actor, "actor_id": actor_id, "reason": reason})
+
+
 def test_a_late_commit_of_the_old_epoch_is_not_the_recovery_and_overlaps_are_marked(
         sqlite_url: str) -> None:
     with Ledger.open(sqlite_url) as ledger:
@@ -32,6 +37,7 @@ def test_a_late_commit_of_the_old_epoch_is_not_the_recovery_and_overlaps_are_mar
         # The crashed job's publisher finishes its update: legal, and not the recovery's.
         ledger.commit_weights(RUN, cell_id="cell-0", epoch=epoch, train_step=2)
         _fire(ledger, 1, FaultKind.KILL_ENGINE)  # lands inside the resume's recovery
+        _replaced(ledger, "engine", "engine-0")
         resumed = ledger.promote(RUN, "cell-1", reason="resume")
         ledger.commit_weights(RUN, cell_id="cell-1", epoch=resumed, train_step=3)
         _fire(ledger, 2, FaultKind.KILL_FOLLOWER)  # nothing committed after it
@@ -52,3 +58,30 @@ def test_percentiles_are_nearest_rank() -> None:
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert percentile([float(v) for v in range(1, 101)], 0.99) == 99.0
     assert percentile([5.0], 0.99) == 5.0
+
+
+def test_a_lost_actor_recovers_at_the_first_commit_after_its_replacement(
+        sqlite_url: str) -> None:
+    with Ledger.open(sqlite_url) as ledger:
+        ledger.start_run(RUN)
+        epoch = ledger.promote(RUN, "cell-0", reason="start")
+        _fire(ledger, 0, FaultKind.FREEZE_ROLLOUT_MANAGER)
+        # The step in progress had its batch: it commits without the manager.
+        ledger.commit_weights(RUN, cell_id="cell-0", epoch=epoch, train_step=1)
+        _replaced(ledger, "rollout-manager", "rollout-manager", "frozen")
+        ledger.commit_weights(RUN, cell_id="cell-0", epoch=epoch, train_step=2)
+        ledger.append(RUN, EventKind.FAULT_INJECTED, {
+            "fault": {"index": 1, "kind": FaultKind.KILL_ENGINE.value, "step": 3},
+            "scenario": "kill-engine", "point": "between-steps",
+            "detail": {"engine": "engine-1"}})
+        _replaced(ledger, "engine", "engine-0")  # another engine: not this fault's recovery
+        ledger.commit_weights(RUN, cell_id="cell-0", epoch=epoch, train_step=3)
+        _fire(ledger, 2, FaultKind.KILL_ROLLOUT_MANAGER)  # never replaced
+        ledger.commit_weights(RUN, cell_id="cell-0", epoch=epoch, train_step=4)
+        events = list(ledger.events(RUN))
+
+    manager, engine, unreplaced = fired_faults(events)
+
+    assert manager.recovered_by == 2 and manager.recovery_s > 0
+    assert engine.recovered_by is None  # engine-1 was never replaced
+    assert unreplaced.recovered_by is None and unreplaced.recovery_s is None

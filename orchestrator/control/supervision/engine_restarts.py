@@ -24,11 +24,13 @@ from orchestrator.control.supervision.counters import SupervisionCounters
 from orchestrator.control.supervision.failure_policy import FailurePolicy, RestartBudget
 from orchestrator.errors import StartupError, SupervisionLimitError
 
-__all__ = ["EngineFactory", "EngineRestarts"]
+__all__ = ["EngineFactory", "EngineRestarts", "ReplacementRecorder"]
 
 logger = logging.getLogger(__name__)
 
 EngineFactory = Callable[[RunConfig, str], Any]
+# (actor, actor_id, reason): the supervisor records a replacement (``actor_replaced``)
+ReplacementRecorder = Callable[[str, str, str], None]
 
 
 class EngineRestarts:
@@ -38,14 +40,18 @@ class EngineRestarts:
         config: the run's config (``num_engines``).
         create_engine: builds one engine actor (placed; replacements exactly like originals).
         policy, budget, counters: shared with the other supervision modules.
+        on_replaced: told of each replacement as it starts (``"engine"``, id, ``"dead"`` or
+            ``"frozen"``).
     """
 
     def __init__(self, config: RunConfig, create_engine: EngineFactory, policy: FailurePolicy,
-                 budget: RestartBudget, counters: SupervisionCounters) -> None:
+                 budget: RestartBudget, counters: SupervisionCounters,
+                 on_replaced: ReplacementRecorder | None = None) -> None:
         self.config = config
         self.engines: dict[str, Any] = {}
         self.policy = policy
         self._create_engine = create_engine
+        self._on_replaced = on_replaced or (lambda actor, actor_id, reason: None)
         self._budget = budget
         self._counters = counters
         self._awaiting_weights: list[str] = []
@@ -93,13 +99,15 @@ class EngineRestarts:
             RayTaskError: an engine's health check raised (a bug, not a death).
         """
         refs = probe if probe is not None else self.probe()
-        dead = self._dead_in(refs)
-        for engine_id in dead:
+        lost = self._dead_in(refs)
+        dead = list(lost)
+        for engine_id, reason in lost.items():
             self._budget.charge(f"restarting engine {engine_id}")
-            logger.warning("engine %s is dead or frozen; starting a replacement", engine_id)
+            logger.warning("engine %s is %s; starting a replacement", engine_id, reason)
             with contextlib.suppress(Exception):  # already gone; a frozen one must die now
                 ray.kill(self.engines[engine_id], no_restart=True)
             self.engines[engine_id] = self._create_engine(self.config, engine_id)
+            self._on_replaced("engine", engine_id, reason)
         if dead:
             silent = self._silent_after_start(dead, self.policy.actor_start_timeout_s)
             if silent:
@@ -123,22 +131,23 @@ class EngineRestarts:
             with contextlib.suppress(Exception):
                 ray.kill(engine, no_restart=True)
 
-    def _dead_in(self, refs: dict[str, Any]) -> list[str]:
+    def _dead_in(self, refs: dict[str, Any]) -> dict[str, str]:
+        """The engines of ``refs`` that are lost: id -> ``"dead"`` or ``"frozen"``."""
         if not refs:
-            return []
+            return {}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs),
                             timeout=self.policy.probe_timeout_s)
-        dead = []
+        dead = {}
         for engine_id, ref in refs.items():
             if ref not in ready:  # frozen: a timeout counts as a death
-                dead.append(engine_id)
+                dead[engine_id] = "frozen"
                 continue
             try:
                 ray.get(ref)
             except RayActorError as exc:
                 if isinstance(exc, RayTaskError):
                     raise
-                dead.append(engine_id)
+                dead[engine_id] = "dead"
         return dead
 
     def _silent_after_start(self, engine_ids: list[str], timeout: float) -> list[str]:

@@ -29,6 +29,7 @@ from orchestrator.config import RunConfig
 from orchestrator.control import launch
 from orchestrator.control.placement.placer import start_on_a_live_node
 from orchestrator.control.supervision.counters import SupervisionCounters
+from orchestrator.control.supervision.engine_restarts import ReplacementRecorder
 from orchestrator.control.supervision.failure_policy import FailurePolicy, RestartBudget
 from orchestrator.rollout.types import RolloutFnTrainOutput
 
@@ -59,13 +60,17 @@ class ManagerWatch:
         policy, budget, counters: shared with the other supervision modules.
         on_idle: called every ``heartbeat_timeout_s`` a drain waits (the cells' heartbeat).
         create_manager: builds the manager actor (:func:`launch.create_rollout_manager`).
+        on_replaced: told of each replacement once the new manager has restored
+            (``"rollout-manager"``, its id, ``"dead"`` or ``"frozen"``).
     """
 
     def __init__(self, config: RunConfig, engines: Callable[[], dict[str, Any]],
                  policy: FailurePolicy, budget: RestartBudget, counters: SupervisionCounters,
                  on_idle: Callable[[], object],
-                 create_manager: ManagerFactory = launch.create_rollout_manager) -> None:
+                 create_manager: ManagerFactory = launch.create_rollout_manager,
+                 on_replaced: ReplacementRecorder | None = None) -> None:
         self.config = config
+        self._on_replaced = on_replaced or (lambda actor, actor_id, reason: None)
         self.manager: Any = None
         self.policy = policy
         self._engines = engines
@@ -115,7 +120,7 @@ class ManagerWatch:
             if isinstance(exc, RayTaskError):
                 raise
             logger.warning("rollout manager lost (%s); replacing it", type(exc).__name__)
-            self.replace()
+            self.replace("frozen" if isinstance(exc, GetTimeoutError) else "dead")
             return ray.get(call(self.manager), timeout=timeout)
 
     def alive(self) -> bool:
@@ -128,9 +133,10 @@ class ManagerWatch:
             return False
         return True
 
-    def replace(self) -> None:
+    def replace(self, reason: str = "dead") -> None:
         """Start a new rollout manager over the current engines, which rebuilds its prompt
         state from the ledger (except :attr:`prompts_in_hand`); its version is the ledger head.
+        ``reason`` (``"dead"`` or ``"frozen"``) is what ``on_replaced`` is told.
 
         Raises:
             SupervisionLimitError: the restart budget is spent.
@@ -142,6 +148,7 @@ class ManagerWatch:
             ray.kill(self.manager, no_restart=True)
         self.start(restore=True)
         self._counters.manager_replacements += 1
+        self._on_replaced("rollout-manager", "rollout-manager", reason)
 
     def hold(self, prompts: Iterable[int]) -> None:
         """The driver holds these prompts (drained, not yet recorded as trained); empty after
@@ -189,7 +196,7 @@ class ManagerWatch:
                     if not self.alive():
                         logger.warning("rollout manager frozen (no answer in %.0f s); "
                                        "replacing it", self.policy.manager_call_timeout_s)
-                        self.replace()
+                        self.replace("frozen")
                         drain = self.request_drain(drain.step)
                     silent_since = time.monotonic()
                 continue

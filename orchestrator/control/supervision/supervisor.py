@@ -22,7 +22,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ledger import Ledger
+from ledger import EventKind, Ledger
 from ledger.run_layout import RunLayout
 from orchestrator.config import RunConfig
 from orchestrator.control import launch
@@ -76,13 +76,21 @@ class Supervisor:
             create_cell, "cell"), self.policy, node_of=self.placement.node_fields)
         self.failover = CellFailover(self.cells, ledger, self.run_id, self.policy, budget,
                                      self.counters, self.placement.node_fields)
+        self._ledger = ledger
         self.engine_restarts = EngineRestarts(
             config, self.placement.placed(create_engine, "engine"), self.policy, budget,
-            self.counters)
+            self.counters, on_replaced=self.record_replacement)
         self.manager_watch = ManagerWatch(config, lambda: self.engines, self.policy, budget,
                                           self.counters, on_idle=self.failover.check,
-                                          create_manager=create_manager)
+                                          create_manager=create_manager,
+                                          on_replaced=self.record_replacement)
         self._engine_probe: dict[str, Any] | None = None
+
+    def record_replacement(self, actor: str, actor_id: str, reason: str) -> None:
+        """Append ``actor_replaced``: an engine or the rollout manager was replaced, and why
+        (the audit trail of supervision; a healed cell is ``cell_state`` healed)."""
+        self._ledger.append(self.run_id, EventKind.ACTOR_REPLACED,
+                            {"actor": actor, "actor_id": actor_id, "reason": reason})
 
     # ------------------------------------------------------------------ the actors
 
