@@ -1,16 +1,21 @@
 """Recovery figures of a campaign from its ledger: measured from each fault's firing to the
-first commit its recovery made, and the faults that fired inside another's recovery.
+first commit its recovery made, and the faults that fired inside another's recovery; and the
+table that sums them up by kind.
 
 Histories are written through the real ledger on a SQLite file, as a campaign writes them.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from ledger import EventKind, Ledger
 from orchestrator.chaos import FaultKind
-from orchestrator.chaos.recovery import fired_faults, percentile
+from orchestrator.chaos.campaign import CampaignOptions, CampaignResult
+from orchestrator.chaos.history import HistoryVerdict
+from orchestrator.chaos.nemesis import PlannedFault
+from orchestrator.chaos.recovery import FiredFault, fired_faults, percentile
+from orchestrator.render import ChaosTable
 
 RUN = "recovery"
 
@@ -85,3 +90,28 @@ def test_a_lost_actor_recovers_at_the_first_commit_after_its_replacement(
     assert manager.recovered_by == 2 and manager.recovery_s > 0
     assert engine.recovered_by is None  # engine-1 was never replaced
     assert unreplaced.recovered_by is None and unreplaced.recovery_s is None
+
+
+def test_the_campaign_table_counts_planned_chained_landed_and_recovered_by_kind(
+        capsys) -> None:
+    at = datetime(2026, 12, 2, 10, 0, 0)
+    schedule = [PlannedFault(0, 4, FaultKind.KILL_DRIVER),
+                PlannedFault(1, 4, FaultKind.DATABASE_OUTAGE, after=0),
+                PlannedFault(2, 9, FaultKind.DATABASE_OUTAGE)]
+    fired = [FiredFault(0, FaultKind.KILL_DRIVER, 4, "mid-drain", at, 10, 12.0, 5),
+             FiredFault(1, FaultKind.DATABASE_OUTAGE, 4, "between-steps",
+                        at + timedelta(seconds=10), 14, 2.0, 5, during_recovery_of=0),
+             FiredFault(2, FaultKind.DATABASE_OUTAGE, 9, "between-steps",
+                        at + timedelta(seconds=60), 30, None, None)]
+    table = ChaosTable()
+    table.add(CampaignResult(CampaignOptions(steps=20, seed=3), "chaos-s3", "sqlite:///x.db",
+                             schedule, fired, HistoryVerdict(steps_trained=20), 2, 95.0))
+
+    table.print()
+
+    rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]]
+            for line in capsys.readouterr().out.splitlines()
+            if line.startswith("│") and ("kill-" in line or "outage" in line)}
+    # planned, planned in a recovery, fired, in a recovery, recovered, p50, p99
+    assert rows["kill-driver"] == ["1", "0", "1", "0", "1", "12.00", "12.00"]
+    assert rows["database-outage"] == ["2", "1", "2", "1", "1", "2.00", "2.00"]
