@@ -7,12 +7,14 @@ Usage::
                           [--runs-dir DIR] [--overlap]
 
 Runs each campaign in turn (``orchestrator chaos`` one seed at a time,
-:func:`orchestrator.chaos.campaign.run_campaign`): SQLite seeds 1..N, then PostgreSQL seeds
+:func:`orchestrator.chaos.campaign.run_campaign`): SQLite seeds 1..N and PostgreSQL seeds
 101..100+M on a local multi-node cluster of ``--local-nodes`` worker nodes (so ``kill-node``
-is in the draw), and prints one table: every campaign's line (steps, faults fired, breaches,
-final reward against the fault-free run of its seed), then the faults by kind over all of them
-(planned, fired, fired inside an earlier fault's recovery, recovered, recovery p50/p99), then
-every breach with the fault it followed. Exit 1 if any campaign has a breach.
+is in the draw), the PostgreSQL ones spread evenly among the SQLite ones (a run cut short still
+has both), and prints one table: every campaign's line (steps, faults fired, breaches, final
+reward against the fault-free run of its seed), then the faults by kind over all of them
+(planned, planned into a recovery, fired, fired inside an earlier fault's recovery, recovered,
+recovery p50/p99), then every breach with the fault it followed. The table so far is also
+written to ``RUNS_DIR/table.txt`` after every campaign. Exit 1 if any campaign has a breach.
 """
 
 from __future__ import annotations
@@ -48,22 +50,37 @@ def main() -> int:
     base = CampaignOptions(steps=args.steps, mean_interval=args.mean_interval,
                            overlap=args.overlap, reward_tolerance=args.reward_tolerance,
                            runs_dir=runs_dir)
-    campaigns = [CampaignOptions(**{**base.__dict__, "seed": seed})
-                 for seed in range(1, args.sqlite_seeds + 1)]
-    campaigns += [CampaignOptions(**{**base.__dict__, "seed": seed, "db": args.pg_url,
-                                     "local_nodes": args.local_nodes})
-                  for seed in range(POSTGRES_FIRST_SEED, POSTGRES_FIRST_SEED
-                                    + args.postgres_seeds)]
+    sqlite = [CampaignOptions(**{**base.__dict__, "seed": seed})
+              for seed in range(1, args.sqlite_seeds + 1)]
+    postgres = [CampaignOptions(**{**base.__dict__, "seed": seed, "db": args.pg_url,
+                                   "local_nodes": args.local_nodes})
+                for seed in range(POSTGRES_FIRST_SEED, POSTGRES_FIRST_SEED
+                                  + args.postgres_seeds)]
     table = ChaosTable()
-    for options in campaigns:
+    for options in interleaved(sqlite, postgres):
         result = run_campaign(options)
         print(f"seed {options.seed} ({'postgresql' if options.db else 'sqlite'}): "
               f"{'pass' if result.ok else 'FAIL'}, {len(result.fired)} faults, "
               f"{len(result.verdict.breaches)} breaches, {result.wall_s:.0f} s", flush=True)
         table.add(result)
+        with (runs_dir / "table.txt").open("w") as sink:
+            table.print(sink)
     table.print()
     print(f"runs: {runs_dir}")
     return 0 if all(result.ok for result in table.results) else 1
+
+
+def interleaved(many: list[CampaignOptions], few: list[CampaignOptions]
+                ) -> list[CampaignOptions]:
+    """``many`` in order with ``few`` spread evenly among them, each after its share."""
+    if not few:
+        return list(many)
+    order: list[CampaignOptions] = []
+    share = len(many) / len(few)
+    for position, options in enumerate(few):
+        order += many[round(position * share):round((position + 1) * share)]
+        order.append(options)
+    return order
 
 
 if __name__ == "__main__":

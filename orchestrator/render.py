@@ -8,7 +8,7 @@ Presentation only: the figures come from :class:`~orchestrator.control.driver.Jo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console
 from rich.table import Table
@@ -115,14 +115,15 @@ class ChaosTable:
         """Add one campaign (the runner's ``on_result`` callback)."""
         self.results.append(result)
 
-    def print(self) -> None:
-        """Print the campaign lines, the faults-by-kind table and every campaign's breaches."""
+    def print(self, file: TextIO | None = None) -> None:
+        """Print the campaign lines, the faults-by-kind table and every campaign's breaches
+        (to ``file``, default standard output)."""
         from orchestrator.chaos.nemesis import FaultKind
         from orchestrator.chaos.recovery import percentile
 
-        console = Console()
+        console = Console(file=file)
         if not console.is_terminal:
-            console = Console(width=150)
+            console = Console(file=file, width=150)
         runs = Table(title="chaos campaigns")
         for column in ("seed", "backend", "steps", "processes", "faults fired", "breaches",
                        "reward (fault-free)", "wall s", "verdict"):
