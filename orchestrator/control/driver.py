@@ -233,8 +233,9 @@ class TrainingJob:
                     self.save_checkpoint(step + 1)
             with phases.timed("end_step"):
                 supervisor.end_step()
-            bar.update(self.record(step, batch, train_metrics, head, version, step_started,
-                                   phases.timings(time.monotonic() - step_started)))
+            step_s = time.monotonic() - step_started
+            bar.update(self.record(step, batch, train_metrics, head, version, step_s,
+                                   phases.timings(step_s)))
             self.hooks.on_step_end(self, step)
 
     def _drain(self, drain: Drain) -> RolloutFnTrainOutput:
@@ -296,14 +297,14 @@ class TrainingJob:
         return Head(version, publisher[1], publisher[0], recorded.seq, recorded.hash)
 
     def record(self, step: int, batch: RolloutFnTrainOutput, train: dict[str, float],
-               head: Head, version: int | None, step_started: float,
+               head: Head, version: int | None, step_s: float,
                timings: dict[str, float]) -> dict[str, Any]:
         """Write the step's metrics line (its witness: ``head``); returns it."""
         self.supervisor.note_negative_staleness(int(batch.metrics.get(NEGATIVE_STALENESS_KEY, 0)))
         record = self.recorder.record(
             step, batch, train, head, published_version=version,
             cells_alive=len(self.supervisor.cells.alive_ids()),
-            quorum_id=self.supervisor.cells.quorum_id, step_started=step_started,
+            quorum_id=self.supervisor.cells.quorum_id, step_s=step_s,
             timings=timings, negative_staleness_total=self.negative_staleness_total,
         )
         # Promotions, failovers, resumes: markers in the trackers at the step they were seen.

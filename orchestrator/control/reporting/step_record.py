@@ -33,20 +33,21 @@ class StepRecorder:
 
     def record(self, step: int, batch: RolloutFnTrainOutput, train: dict[str, float],
                head: Head, *, published_version: int | None, cells_alive: int,
-               quorum_id: int, step_started: float, timings: dict[str, float],
+               quorum_id: int, step_s: float, timings: dict[str, float],
                negative_staleness_total: int) -> dict[str, Any]:
-        """The record of 0-based ``step``, written to the metrics file; returns it."""
+        """The record of 0-based ``step``, written to the metrics file; returns it.
+        ``step_s``: the step's wall seconds, the same that ``timings`` was derived from (so
+        ``time/control_plane_s`` is exactly the step less its compute phases)."""
         rewards = [sample.reward for group in batch.samples for sample in group]
         reward_mean = statistics.fmean(rewards) if rewards else 0.0
         self.rewards.append(reward_mean)
-        seconds = time.monotonic() - step_started
         record: dict[str, Any] = {
             "step": step + 1,
             "time": datetime.now(UTC).isoformat(),
             "wall_s": round(time.monotonic() - self._started, 3),
-            "step_s": round(seconds, 4),
+            "step_s": round(step_s, 4),
             "samples": len(rewards),
-            "samples_per_s": round(len(rewards) / seconds, 2) if seconds > 0 else None,
+            "samples_per_s": round(len(rewards) / step_s, 2) if step_s > 0 else None,
             REWARD_KEY: reward_mean,
             WEIGHT_VERSION_KEY: head.version,
             "published_version": published_version,
