@@ -88,7 +88,6 @@ class HookPoint(str, enum.Enum):
     ON_STEP_END = "on_step_end"
 
 
-_LATE_IN_STEP = (HookPoint.AFTER_TRAIN_STEP, HookPoint.BEFORE_PUBLISH)
 # Where a chained fault may fire. A mid-train kill acts in the train step ahead, so only
 # before one; a zombie publisher publishes a version of its own inside its hook, which only a
 # step's end leaves the step's staleness bound intact for. Every other kind acts at once or at
