@@ -1,6 +1,7 @@
 """The supervision facade on a real Ray cluster: the step boundary, a frozen engine replaced,
-the rollout manager replaced mid-drain (killed or frozen) from the ledger's prompt account, and
-the publisher handing restarted engines over with explicit collaborators."""
+the rollout manager replaced mid-drain (killed or frozen) from the ledger's prompt account,
+every cell lost at once and restarted from a checkpoint, and the publisher handing restarted
+engines over with explicit collaborators."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from orchestrator.control.provenance_recorder import ProvenanceRecorder
 from orchestrator.control.publisher import Publisher
 from orchestrator.control.supervision import FailurePolicy, Supervisor
 from orchestrator.drills.faults import actor_pid
+from orchestrator.errors import NoCellAliveError
 from orchestrator.metric_keys import metric_key
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -169,3 +171,51 @@ def test_a_manager_lost_at_a_drain_is_replaced_from_the_ledgers_prompt_account(
     assert not regenerated & held  # nor what the driver holds
     states = ray.get(supervisor.manager.prompt_states.remote())
     assert not (trained | held) & {i for i, s in states.items() if s != "trained"}
+
+
+def test_losing_every_cell_restarts_them_from_the_newest_checkpoint(
+    supervisor: Supervisor, ledger: Ledger,
+):
+    """The chaos campaign of seed 1 (2026-12-02, --overlap): a zombie publisher was failed
+    over to the only follower, which was killed before the zombie was healed, and the run
+    ended (NoCellAliveError). With no survivor to copy from, every cell is now restarted from
+    the newest checkpoint, as a resumed job is, and the step goes on."""
+    publisher = Publisher.of(supervisor)
+    for step in range(2):
+        batch = drain(supervisor, step)
+        supervisor.begin_step(batch)
+        supervisor.train_step(batch.samples)
+        publisher.publish_weights()
+        if step == 0:
+            publisher.save_checkpoint(supervisor.storage.checkpoint_url(1))
+    epoch = ledger.head(RUN).epoch
+    batch = drain(supervisor, 2)
+    supervisor.begin_step(batch)
+    for cell_id in ("cell-0", "cell-1"):
+        os.kill(actor_pid(supervisor.cells.actor(cell_id)), signal.SIGKILL)
+
+    metrics = supervisor.train_step(batch.samples)
+
+    assert "loss" in metrics
+    assert supervisor.counters.checkpoint_restores == 1
+    assert supervisor.cells.alive_ids() == ["cell-0", "cell-1"]
+    counts, failed = supervisor.cells.progress(["cell-0", "cell-1"])
+    assert not failed and counts == {"cell-0": 2, "cell-1": 2}  # checkpoint's 1, then this one
+    head = ledger.head(RUN)
+    assert head.epoch == epoch + 1  # whatever is left of the old publisher is fenced
+    healed = [e.cell_id for e in ledger.events(RUN)
+              if e.kind == EventKind.CELL_STATE and e.payload["state"] == "healed"]
+    assert sorted(healed) == ["cell-0", "cell-1"]
+    assert publisher.publish_weights().version == head.version + 1
+
+
+def test_losing_every_cell_before_any_checkpoint_ends_the_step_with_a_typed_error(
+    supervisor: Supervisor,
+):
+    batch = drain(supervisor, 0)
+    supervisor.begin_step(batch)
+    for cell_id in ("cell-0", "cell-1"):
+        os.kill(actor_pid(supervisor.cells.actor(cell_id)), signal.SIGKILL)
+
+    with pytest.raises(NoCellAliveError, match="no checkpoint to restore them from"):
+        supervisor.train_step(batch.samples)

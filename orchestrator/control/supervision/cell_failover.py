@@ -13,6 +13,9 @@ There is ONE spelling of each:
 A train step that fails is sorted out and tried again under :meth:`FailurePolicy.run`; a step
 some survivors had already applied is completed by copying their state, never applied twice.
 Lost cells are healed at a step boundary with a survivor's state, charged to the restart budget.
+When no cell survives (a publisher failed over to the only follower, which dies before the heal),
+every cell is restarted from the run's newest checkpoint within the job, as a resume would
+(:meth:`CellFailover.restore_from_checkpoint`), instead of ending the run.
 """
 
 from __future__ import annotations
@@ -22,7 +25,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 from ledger import Ledger
 from orchestrator.control.sharding import merge_cell_metrics
-from orchestrator.control.supervision.cell_group import CellGroup, CellStepAttempt, is_actor_loss
+from orchestrator.control.supervision.cell_group import (
+    CellGroup,
+    CellState,
+    CellStepAttempt,
+    is_actor_loss,
+)
 from orchestrator.control.supervision.counters import SupervisionCounters
 from orchestrator.control.supervision.failure_policy import FailurePolicy, RestartBudget
 from orchestrator.errors import NoCellAliveError, RetryableFailure
@@ -73,15 +81,47 @@ class CellFailover:
         The caller re-forms the quorum (a quorum that fails to form calls this too).
 
         Raises:
-            NoCellAliveError: no cell is left to publish.
+            NoCellAliveError: no cell is left, and no checkpoint to restore them from.
         """
         before = set(self.cells.errored_ids())
         for cell_id, exc in failed.items():
             if is_actor_loss(exc):
                 self.cells.mark_lost(cell_id, type(exc).__name__)
         self.cells.heartbeat()
+        lost = [cell_id for cell_id in self.cells.errored_ids() if cell_id not in before]
+        if not self.cells.alive_ids():
+            self.restore_from_checkpoint()
         self.ensure_publisher()  # no ledger read while the cached publisher is alive
-        return [cell_id for cell_id in self.cells.errored_ids() if cell_id not in before]
+        return lost
+
+    def restore_from_checkpoint(self) -> None:
+        """Every cell is lost: start each again, load the run's newest checkpoint into all of
+        them (``cell_state`` healed), promote one with a new epoch (fencing whatever is left of
+        the old publisher) and re-form the quorum: what a resumed job does, within this one.
+        The updates trained after the checkpoint are lost with the cells; the steps and prompts
+        the ledger records stay trained, and the next update publishes the restored weights as
+        head + 1.
+
+        Raises:
+            NoCellAliveError: the run has no checkpoint yet.
+            SupervisionLimitError: the restart budget is spent.
+        """
+        checkpoint = self.ledger.progress(self.run_id).last_checkpoint
+        if checkpoint is None:
+            raise NoCellAliveError("every train cell is lost and the run has no checkpoint "
+                                   "to restore them from")
+        path = str(checkpoint["payload"]["path"])
+        lost = self.cells.errored_ids()
+        logger.warning("every train cell is lost; restarting %s from checkpoint %s", lost, path)
+        for cell_id in lost:
+            self._budget.charge(f"restoring cell {cell_id} from a checkpoint")
+            self.cells.restart(cell_id)
+        self.cells.load_checkpoint(path)
+        for cell_id in lost:
+            self.cells.record_state(cell_id, CellState.HEALED)
+        self._counters.checkpoint_restores += 1
+        self.promote(lost[0], "failover", self.ledger.head(self.run_id).publisher_cell)
+        self.reform()
 
     # ------------------------------------------------------------------ promotions
 
@@ -218,13 +258,14 @@ class CellFailover:
 
         Raises:
             SupervisionLimitError: the restart budget is spent.
-            NoCellAliveError: no survivor to copy state from.
+            NoCellAliveError: no survivor, and no checkpoint to restore the cells from.
         """
         lost = self.cells.errored_ids()
+        if lost and not self.cells.alive_ids():
+            self.restore_from_checkpoint()
+            return lost
         for cell_id in lost:
             survivors = self.cells.alive_ids()
-            if not survivors:
-                raise NoCellAliveError(f"no survivor to heal {cell_id} from")
             self._budget.charge(f"healing cell {cell_id}")
             self.cells.replace(cell_id, source=survivors[0])
             self._counters.heals += 1

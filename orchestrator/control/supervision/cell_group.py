@@ -289,6 +289,24 @@ class CellGroup:
         self._cells[cell_id] = _Cell(cell_id, actor, alive=True)
         self.record_state(cell_id, CellState.HEALED)
 
+    def restart(self, cell_id: str) -> None:
+        """Replace lost ``cell_id`` by a new actor with its initial weights, for when no
+        survivor is left to copy from; it is alive once it answers. The caller loads a
+        checkpoint into it, records it healed and forms a new quorum.
+
+        Raises:
+            GetTimeoutError, RayActorError: the new cell did not start in time; ``cell_id``
+                stays lost.
+        """
+        self._heartbeat_progress = None
+        try:
+            ray.kill(self._cells[cell_id].actor, no_restart=True)  # a frozen zombie must die
+        except Exception:  # noqa: BLE001 - it may be gone already
+            pass
+        actor = self._create_cell(self.config, cell_id)
+        self._all_or_raise({cell_id: actor.pid.remote()}, self.policy.actor_start_timeout_s)
+        self._cells[cell_id] = _Cell(cell_id, actor, alive=True)
+
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         """Every alive cell loads ``path``; returns the checkpoint's summary.
 

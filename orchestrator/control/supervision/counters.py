@@ -16,3 +16,4 @@ class SupervisionCounters:
     heals: int = 0
     engine_restarts: int = 0
     manager_replacements: int = 0
+    checkpoint_restores: int = 0  # every cell lost at once: all restarted from a checkpoint
