@@ -164,8 +164,11 @@ def test_short_grpo_run_raises_mean_reward(backend: str, sqlite_url: str) -> Non
 
 
 def test_partial_rollout_learns_as_well_as_aborting(tmp_path) -> None:
-    """The default's justification: same seed and steps, the last steps' mean reward with
-    partial rollout is within 10% of the run whose updates abort generation in flight."""
+    """The default's justification: same seed and steps, the mean reward of the second half of
+    the run with partial rollout is within 10% of the run whose updates abort generation in
+    flight. The last 5 steps alone were too noisy (which tokens a group decodes before a pause
+    depends on thread timing): 0.897x in one CI run, 1.09-1.14x in three runs here; over the
+    second half the same machine measured 0.98-1.01x."""
     config = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
     runs = {}
     for partial in (True, False):
@@ -173,9 +176,10 @@ def test_partial_rollout_learns_as_well_as_aborting(tmp_path) -> None:
         runs[partial], _, ledger = _learn("torch", url, config, partial_rollout=partial)
         ledger.close()
 
-    print(f"last {WINDOW} steps: partial rollout {runs[True].last:.3f}, abort "
-          f"{runs[False].last:.3f} ({runs[False].aborted_samples} samples aborted)")
-    assert runs[True].last >= 0.9 * runs[False].last
+    late = {partial: statistics.mean(run.rewards[STEPS // 2:]) for partial, run in runs.items()}
+    print(f"steps {STEPS // 2 + 1}-{STEPS}: partial rollout {late[True]:.3f}, abort "
+          f"{late[False]:.3f} ({runs[False].aborted_samples} samples aborted)")
+    assert late[True] >= 0.9 * late[False]
     assert runs[True].aborted_samples == 0 and runs[True].spanning_samples > 0
     assert runs[False].aborted_samples > 0 and runs[False].spanning_samples == 0
 
