@@ -277,12 +277,7 @@ class CellGroup:
             GetTimeoutError, RayActorError: the new cell or ``source`` did not take part in
                 time; ``cell_id`` stays lost.
         """
-        self._heartbeat_progress = None
-        try:
-            ray.kill(self._cells[cell_id].actor, no_restart=True)  # a frozen zombie must die
-        except Exception:  # noqa: BLE001 - it may be gone already
-            pass
-        actor = self._create_cell(self.config, cell_id)
+        actor = self._new_actor(cell_id)
         state = self._cells[source].actor.get_state.remote()
         self._all_or_raise({cell_id: actor.set_state.remote(state)},
                            self.policy.transfer_timeout_s + self.policy.actor_start_timeout_s)
@@ -298,14 +293,18 @@ class CellGroup:
             GetTimeoutError, RayActorError: the new cell did not start in time; ``cell_id``
                 stays lost.
         """
-        self._heartbeat_progress = None
-        try:
-            ray.kill(self._cells[cell_id].actor, no_restart=True)  # a frozen zombie must die
-        except Exception:  # noqa: BLE001 - it may be gone already
-            pass
-        actor = self._create_cell(self.config, cell_id)
+        actor = self._new_actor(cell_id)
         self._all_or_raise({cell_id: actor.pid.remote()}, self.policy.actor_start_timeout_s)
         self._cells[cell_id] = _Cell(cell_id, actor, alive=True)
+
+    def _new_actor(self, cell_id: str) -> Any:
+        """Kill ``cell_id``'s actor (a frozen zombie must die) and create its successor."""
+        self._heartbeat_progress = None
+        try:
+            ray.kill(self._cells[cell_id].actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - it may be gone already
+            pass
+        return self._create_cell(self.config, cell_id)
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         """Every alive cell loads ``path``; returns the checkpoint's summary.
