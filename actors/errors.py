@@ -6,6 +6,7 @@ instance of the class).
     ├── StaleEpochError      weight traffic from an epoch lower than one the engine has seen
     ├── EngineStateError     an engine asked to do something its state forbids
     ├── TransferError        engines disagree on what they received (checksum mismatch)
+    ├── EngineSilentError    an engine gave no answer to a weight-update call within its deadline
     ├── CollectiveError      cross-cell gradient averaging failed (peer died, timeout)
     ├── PolicyError          the policy cannot be built or loaded here
     ├── DeviceError          the device an actor was given cannot be used (no CUDA)
@@ -23,6 +24,7 @@ __all__ = [
     "ActorError",
     "CollectiveError",
     "DeviceError",
+    "EngineSilentError",
     "EngineStateError",
     "InjectedFault",
     "PolicyError",
@@ -64,6 +66,25 @@ class EngineStateError(ActorError):
 
 class TransferError(ActorError):
     """A weight transfer reached the engines inconsistently; nothing may be committed."""
+
+
+class EngineSilentError(ActorError):
+    """An engine gave no answer to a weight-update call (pause, load, stamp, resume) within
+    the update's deadline: frozen (SIGSTOPped) or hung. Like a dead engine, it is an engine
+    loss: the control plane probes the engines, replaces the silent one and tries again.
+
+    ``engine_index`` is the engine's position in the update's engine list.
+    """
+
+    def __init__(self, engine_index: int, operation: str, timeout_s: float) -> None:
+        super().__init__(f"engine {engine_index} gave no answer to {operation} within "
+                         f"{timeout_s:g}s")
+        self.engine_index = engine_index
+        self.operation = operation
+        self.timeout_s = timeout_s
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (type(self), (self.engine_index, self.operation, self.timeout_s))
 
 
 class CollectiveError(ActorError):

@@ -222,7 +222,8 @@ class TrainCell:
         self._faults.arm(point, action)
         return self._faults.armed()
 
-    def update_weights(self, engines: Sequence[Any], epoch: int) -> UpdateReport:
+    def update_weights(self, engines: Sequence[Any], epoch: int,
+                       engine_timeout_s: float | None = None) -> UpdateReport:
         """Publish this cell's weights as the next version: THE sequence
         (:func:`actors.publishing.sequence.update_weights`, steps 1-6 in the module docstring).
 
@@ -230,12 +231,15 @@ class TrainCell:
         committed head (version, epoch), the stamped engines, the engines that failed. If
         pausing the engines or the transfer fails, a ``weight_update_aborted`` is recorded
         (best effort) and the engines stay paused for the next attempt. Retrying the whole
-        call is safe (every event is idempotent).
+        call is safe (every event is idempotent). ``engine_timeout_s`` bounds every wait on
+        the engines (the control plane passes its failure policy's
+        ``engine_call_timeout_s``).
 
         Raises:
             ledger.FencedError: this cell was superseded; nothing more is written.
             StaleEpochError: an engine has seen a newer epoch.
             TransferError, EngineStateError: the transfer failed; nothing committed.
+            EngineSilentError: an engine gave no answer in time; nothing committed.
             ValueError: the cell is not bound to a run.
         """
         adapter = (f"lora-r{self.policy_config.lora_rank}"
@@ -243,7 +247,8 @@ class TrainCell:
         report = run_update_sequence(
             self.records, engines, epoch, train_step=self.train_step_count,
             transport=self.transport, adapter=adapter, stage=self.stage,
-            engine_nodes=self._engine_nodes.of, at_point=self._faults)
+            engine_nodes=self._engine_nodes.of, at_point=self._faults,
+            engine_timeout_s=engine_timeout_s)
         self.weight_version = report.version
         return report
 

@@ -43,6 +43,7 @@ from actors.errors import InjectedFault
 from actors.publishing.records import PublisherRecords
 from actors.transport import Transport
 from actors.publishing.weight_sync import (
+    EngineDeadline,
     StagedWeights,
     await_engine_pause,
     await_loaded,
@@ -167,7 +168,8 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
                    train_step: int, transport: Transport, adapter: str | None,
                    stage: Callable[[Sequence[Any]], StagedWeights],
                    engine_nodes: Callable[[Sequence[Any]], dict[str, dict[str, str]]],
-                   at_point: Callable[[UpdatePoint], None] = _no_fault) -> UpdateReport:
+                   at_point: Callable[[UpdatePoint], None] = _no_fault,
+                   engine_timeout_s: float | None = None) -> UpdateReport:
     """Publish the cell's weights to ``engines`` as the next version (steps 1-6 above).
 
     Precondition: the cell of ``records`` is the publisher at ``epoch``. ``stage`` makes step
@@ -175,13 +177,21 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
     the stamped engines for step 6. Retrying the whole call is safe: every event is
     idempotent, pausing twice is harmless, loading again overwrites with the same tensors.
 
+    Every wait on the engines (steps 2, 3b, 5) ends ``engine_timeout_s`` after the update
+    began (``None``: no bound). An engine silent past it before the commit fails the update
+    with :class:`~actors.errors.EngineSilentError`; after the commit, it is reported unstamped
+    in the report's ``failed``.
+
     Raises:
         ledger.FencedError: the cell was superseded; nothing more is written.
         StaleEpochError: an engine has seen a newer epoch.
+        EngineSilentError: an engine gave no answer in time before the commit; nothing
+            committed.
         TransferError, EngineStateError, PolicyError: the load failed; nothing committed.
         InjectedFault: a ``raise`` fault armed at a point.
     """
     clock = _Clock()
+    deadline = EngineDeadline.after(engine_timeout_s)
     try:
         records.update_started(epoch, train_step, transport)  # 1
         clock.lap("started")
@@ -190,12 +200,12 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
         staged = stage(engines)  # 3a
         clock.lap("stage")
         at_point(UpdatePoint.AFTER_STAGE)
-        await_engine_pause(pausing)  # 2 (awaited)
+        await_engine_pause(pausing, deadline)  # 2 (awaited)
         clock.lap("pause")
         at_point(UpdatePoint.AFTER_PAUSE)
         loading = send_staged_weights(engines, staged, epoch, transport)  # 3b (sent)
         at_point(UpdatePoint.MID_TRANSFER)
-        checksum = await_loaded(loading, staged)  # 3b (awaited)
+        checksum = await_loaded(loading, staged, deadline)  # 3b (awaited)
         clock.lap("load")
         at_point(UpdatePoint.AFTER_TRANSFER)
     except FencedError:
@@ -206,7 +216,7 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
     committed = records.commit(epoch, train_step, transport, adapter, checksum)  # 4
     clock.lap("commit")
     at_point(UpdatePoint.AFTER_COMMIT)
-    finalized = finalize_and_resume_engines(engines, committed.version, epoch)  # 5
+    finalized = finalize_and_resume_engines(engines, committed.version, epoch, deadline)  # 5
     clock.seconds.update(stamp=finalized.stamp_s, resume=finalized.resume_s)
     clock.lap("finalize")
     if finalized.failed:

@@ -24,6 +24,10 @@ PR #2244) would leave engines serving new adapters under an old label.
 ``engines`` may be Ray actor handles (calls go out in parallel) or plain
 :class:`~actors.engines.rollout_engine.RolloutEngine` objects (called in order; used by in-process
 tests and tools). Each call names the engine method it makes (no dispatch by name).
+
+Every wait on actor engines is bounded by the update's :class:`EngineDeadline`: an engine that
+gives no answer in time (frozen, hung) is reported as :class:`~actors.errors.EngineSilentError`,
+an engine loss, so the cell answers its own caller before it looks silent itself.
 """
 
 from __future__ import annotations
@@ -37,16 +41,17 @@ from typing import Any
 import ray
 import torch
 from ray.actor import ActorHandle
-from ray.exceptions import RayTaskError
+from ray.exceptions import GetTimeoutError, RayTaskError
 from torch import nn
 
-from actors.errors import StaleEpochError, TransferError
+from actors.errors import EngineSilentError, StaleEpochError, TransferError
 from actors.policies.policy import adapter_state_dict, tensor_state_dict
 from actors.transport import TRANSPORTS, Transport
 from actors.weight_paths import CUDA_IPC, OBJECT_STORE, share_cuda_tensors
 
 __all__ = [
     "TRANSPORTS",
+    "EngineDeadline",
     "FinalizeReport",
     "PendingCalls",
     "StagedWeights",
@@ -119,23 +124,56 @@ def _send_all(engines: Sequence[Any], method: EngineMethod, *args: Any) -> Pendi
     return pending
 
 
-def _gather(pending: PendingCalls) -> list[Any]:
-    """Wait for :func:`_send_all`'s calls; the result or the (unwrapped) exception of each."""
+@dataclass(frozen=True)
+class EngineDeadline:
+    """When an update stops waiting for its engines: ``timeout_s`` after it was made (a
+    monotonic instant), or never (``None``: in-process engines, tools and tests)."""
+
+    timeout_s: float | None = None
+    _at: float | None = None
+
+    @classmethod
+    def after(cls, timeout_s: float | None) -> EngineDeadline:
+        """A deadline ``timeout_s`` from now (``None``: no deadline)."""
+        if timeout_s is None:
+            return cls()
+        return cls(timeout_s, time.monotonic() + timeout_s)
+
+    def remaining_s(self) -> float | None:
+        """Seconds left (never negative), or ``None`` without a deadline."""
+        if self._at is None:
+            return None
+        return max(0.0, self._at - time.monotonic())
+
+
+NO_DEADLINE = EngineDeadline()
+
+
+def _gather(pending: PendingCalls, operation: str, deadline: EngineDeadline = NO_DEADLINE,
+            engine_indices: Sequence[int] | None = None) -> list[Any]:
+    """Wait for :func:`_send_all`'s calls of ``operation`` until ``deadline``; the result or
+    the (unwrapped) exception of each, :class:`EngineSilentError` for an engine that gave no
+    answer in time (named by its index in ``engine_indices``, default the call order)."""
+    indices = list(engine_indices) if engine_indices is not None else range(len(pending))
     results: list[Any] = []
-    for is_ref, value in pending:
+    for index, (is_ref, value) in zip(indices, pending):
         if not is_ref:
             results.append(value)
             continue
         try:
-            results.append(ray.get(value))
+            results.append(ray.get(value, timeout=deadline.remaining_s()))
+        except GetTimeoutError:
+            results.append(EngineSilentError(index, operation, deadline.timeout_s or 0.0))
         except Exception as exc:  # noqa: BLE001 - a dead engine is reported, not fatal here
             results.append(_unwrap(exc))
     return results
 
 
-def _call_all(engines: Sequence[Any], method: EngineMethod, *args: Any) -> list[Any]:
+def _call_all(engines: Sequence[Any], method: EngineMethod, operation: str,
+              deadline: EngineDeadline, *args: Any,
+              engine_indices: Sequence[int] | None = None) -> list[Any]:
     """:func:`_send_all`, then :func:`_gather`."""
-    return _gather(_send_all(engines, method, *args))
+    return _gather(_send_all(engines, method, *args), operation, deadline, engine_indices)
 
 
 def _raise_first(results: Sequence[Any]) -> None:
@@ -163,7 +201,8 @@ def request_engine_pause(engines: Sequence[Any], epoch: int) -> PendingCalls:
     return _send_all(engines, lambda engine: engine.begin_update, epoch)
 
 
-def await_engine_pause(pending: PendingCalls) -> list[dict[str, Any]]:
+def await_engine_pause(pending: PendingCalls,
+                       deadline: EngineDeadline = NO_DEADLINE) -> list[dict[str, Any]]:
     """Step 2, awaited: wait until every engine has paused (no engine computes when this
     returns); their health.
 
@@ -171,8 +210,9 @@ def await_engine_pause(pending: PendingCalls) -> list[dict[str, Any]]:
         StaleEpochError: an engine has seen a newer epoch (the caller is a zombie publisher);
             engines that accepted stay paused until the newer publisher resumes them.
         ray.exceptions.RayActorError: an engine died.
+        EngineSilentError: an engine gave no answer before ``deadline``.
     """
-    results = _gather(pending)
+    results = _gather(pending, "begin_update", deadline)
     _raise_first(results)
     return results
 
@@ -232,7 +272,8 @@ def send_staged_weights(engines: Sequence[Any], staged: StagedWeights, epoch: in
                      str(Transport.parse(transport)))
 
 
-def await_loaded(pending: PendingCalls, staged: StagedWeights) -> str:
+def await_loaded(pending: PendingCalls, staged: StagedWeights,
+                 deadline: EngineDeadline = NO_DEADLINE) -> str:
     """Step 3b, awaited: every engine loaded; returns the checksum they all received.
 
     Raises:
@@ -241,8 +282,9 @@ def await_loaded(pending: PendingCalls, staged: StagedWeights) -> str:
         EngineStateError, PolicyError: an engine was not paused, or the tensors do not match
             its model (nothing loaded in that engine).
         ray.exceptions.RayActorError: an engine died.
+        EngineSilentError: an engine gave no answer before ``deadline``.
     """
-    results = _gather(pending)
+    results = _gather(pending, "load_weights", deadline)
     _raise_first(results)
     mismatched = [i for i, received in enumerate(results) if received != staged.checksum]
     if mismatched:
@@ -286,21 +328,24 @@ class FinalizeReport:
     resume_s: float = 0.0
 
 
-def finalize_and_resume_engines(engines: Sequence[Any], version: int,
-                                epoch: int) -> FinalizeReport:
+def finalize_and_resume_engines(engines: Sequence[Any], version: int, epoch: int,
+                                deadline: EngineDeadline = NO_DEADLINE) -> FinalizeReport:
     """Step 5, for every transport: stamp every engine with ``version``, then resume it.
 
     Precondition: ``version`` was committed by the ledger for the caller's cell at ``epoch``,
     and the engines hold the weights of that commit. Every engine is attempted: one dead
     engine does not keep the others paused. Only engines that accepted the stamp are resumed,
-    so no engine serves new weights under an old label.
+    so no engine serves new weights under an old label. An engine silent past ``deadline`` is
+    reported failed (:class:`EngineSilentError`), like a dead one: the control plane's probe
+    replaces it before the next step.
 
     Raises:
         StaleEpochError: an engine has seen a newer epoch (the caller is fenced; engines that
             were stamped are still resumed by the newer publisher, not here).
     """
     started = time.perf_counter()
-    results = _call_all(engines, lambda engine: engine.update_weight_version, version, epoch)
+    results = _call_all(engines, lambda engine: engine.update_weight_version,
+                        "update_weight_version", deadline, version, epoch)
     for result in results:
         if isinstance(result, StaleEpochError):
             raise result
@@ -314,7 +359,8 @@ def finalize_and_resume_engines(engines: Sequence[Any], version: int,
             stamped.append(index)
     started = time.perf_counter()
     resumed = _call_all([engines[i] for i in stamped],
-                        lambda engine: engine.continue_generation, epoch)
+                        lambda engine: engine.continue_generation, "continue_generation",
+                        deadline, epoch, engine_indices=stamped)
     report.resume_s = time.perf_counter() - started
     for index, result in zip(stamped, resumed):
         if isinstance(result, StaleEpochError):

@@ -130,8 +130,9 @@ class Publisher:
         drills call it to observe a single attempt).
 
         Raises:
-            EngineLostError: an engine died before the commit; nothing was committed, the
-                other engines stay paused until the next update.
+            EngineLostError: an engine died, or gave no answer within the policy's
+                ``engine_call_timeout_s``, before the commit; nothing was committed, the other
+                engines stay paused until the next update.
             PublisherLostError: the publisher cell died or gave no answer in time.
             FencedError: the publisher was superseded.
             Exception: the publisher cell raised (its error, unwrapped from Ray's).
@@ -139,7 +140,7 @@ class Publisher:
         cell_id, epoch = self._failover.ensure_publisher()
         engines = list(self._engines.engines.values())
         report = self._call(cell_id, self._cells.actor(cell_id).update_weights.remote(
-            engines, epoch))
+            engines, epoch, self.policy.engine_call_timeout_s))
         return PublishOutcome(version=report.version, epoch=epoch, publisher_cell=cell_id,
                               step_seconds=dict(report.step_seconds))
 

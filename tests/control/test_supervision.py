@@ -107,6 +107,35 @@ def test_a_frozen_engine_is_replaced_at_the_step_boundary_and_gets_the_next_upda
     assert supervisor.end_step() == []  # no cell was lost
 
 
+def test_an_engine_frozen_before_a_weight_update_is_replaced_and_the_update_published(
+    supervisor: Supervisor, ledger: Ledger,
+):
+    """Chaos seed 11: an engine SIGSTOPped just before an update never answers the pause.
+    The publisher cell stops waiting at the policy's engine deadline and reports the engine
+    lost (not itself silent): the engine is probed and replaced, the update is retried, and
+    the publisher keeps its cell and epoch (no failover)."""
+    publisher = Publisher.of(supervisor)
+    first = publisher.publish_weights()
+    batch = drain(supervisor, 0)
+    supervisor.begin_step(batch)
+    supervisor.train_step(batch.samples)  # new weights to publish
+    supervisor.end_step()
+    old = supervisor.engines["engine-1"]
+
+    with frozen(old):
+        second = publisher.publish_weights()
+
+    assert second.version == first.version + 1
+    assert (second.publisher_cell, second.epoch) == (first.publisher_cell, first.epoch)
+    assert supervisor.counters.engine_restarts == 1
+    assert replacements(ledger) == [("engine", "engine-1", "frozen")]
+    aborted = [e.payload["reason"] for e in ledger.events(RUN)
+               if e.kind == EventKind.WEIGHT_UPDATE_ABORTED]
+    assert len(aborted) == 1 and "EngineSilentError" in aborted[0], aborted
+    for engine_id, engine in supervisor.engines.items():
+        assert ray.get(engine.health.remote())["version"] == second.version, engine_id
+
+
 def test_a_killed_follower_is_failed_over_at_begin_step_and_healed_at_end_step(
     supervisor: Supervisor, ledger: Ledger,
 ):

@@ -24,6 +24,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from actors.errors import EngineSilentError
 from ledger import EventKind, Ledger
 from orchestrator.config import RunConfig
 from orchestrator.control.placement.devices import cell_device_options
@@ -47,8 +48,8 @@ def is_actor_loss(exc: BaseException) -> bool:
 
 
 def is_engine_loss(exc: BaseException) -> bool:
-    """True if a cell's call failed because an engine it talked to is gone."""
-    return isinstance(exc, RayTaskError) and isinstance(exc, RayActorError)
+    """True if a cell's call failed because an engine it talked to is gone or silent."""
+    return isinstance(exc, RayTaskError) and isinstance(exc, (RayActorError, EngineSilentError))
 
 
 class CellState(enum.StrEnum):

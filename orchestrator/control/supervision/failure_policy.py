@@ -12,6 +12,7 @@ declared once and nothing else retries or restarts:
   :class:`~orchestrator.errors.SupervisionLimitError`, never a loop.
 - ``heartbeat_timeout_s``: how long a cell or engine may stay silent before it is lost; every
   wait on an actor is bounded by it (:attr:`step_timeout_s` for calls that compute,
+  :attr:`engine_call_timeout_s` for a publisher cell's waits on its engines,
   :attr:`probe_timeout_s` for an engine's health probe, :attr:`transfer_timeout_s` for
   copying a cell's state).
 - ``first_start_timeout_s``: how long the run's first cells and engines may take to answer
@@ -74,6 +75,14 @@ class FailurePolicy:
         """The bound on a call that computes (a step, a quorum, an update): survivors report
         a failed collective within the heartbeat timeout, so a silent cell is lost after it."""
         return self.heartbeat_timeout_s + max(self.heartbeat_timeout_s, self.step_grace_s)
+
+    @property
+    def engine_call_timeout_s(self) -> float:
+        """The bound on a publisher cell's waits on its engines within one weight update
+        (pause, load, stamp, resume, all together): a heartbeat shorter than
+        :attr:`step_timeout_s`, so a silent engine is reported by the cell as an engine loss
+        (probed and replaced) before the cell itself looks silent (failed over)."""
+        return self.step_timeout_s - self.heartbeat_timeout_s
 
     @property
     def probe_timeout_s(self) -> float:
