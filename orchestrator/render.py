@@ -153,8 +153,14 @@ class ChaosTable:
                               _seconds(percentile(times, 0.5)), _seconds(percentile(times, 0.99)))
         console.print(runs)
         console.print(kinds)
-        for note in sorted({n for r in self.results for n in r.notes}):
-            console.print(f"note: {note}", highlight=False)
+        seeds_by_note: dict[str, list[int]] = {}
+        for result in self.results:
+            for note in result.notes:
+                seeds_by_note.setdefault(note, []).append(result.options.seed)
+        for note, seeds in sorted(seeds_by_note.items()):
+            named = "seed" if len(seeds) == 1 else "seeds"
+            console.print(f"note ({named} {', '.join(map(str, seeds))}): {note}",
+                          highlight=False)
         for result in self.results:
             for breach in result.verdict.breaches[:_BREACHES_SHOWN]:
                 console.print(f"[red]breach[/red] seed {result.options.seed} "

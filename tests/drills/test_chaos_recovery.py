@@ -104,13 +104,19 @@ def test_the_campaign_table_counts_planned_chained_landed_and_recovered_by_kind(
              FiredFault(2, FaultKind.DATABASE_OUTAGE, 9, "between-steps",
                         at + timedelta(seconds=60), 30, None, None)]
     table = ChaosTable()
-    table.add(CampaignResult(CampaignOptions(steps=20, seed=3), "chaos-s3", "sqlite:///x.db",
-                             schedule, fired, HistoryVerdict(steps_trained=20), 2, 95.0))
+    left_out = "kill-node left out"
+    for seed in (3, 4):
+        table.add(CampaignResult(CampaignOptions(steps=20, seed=seed), f"chaos-s{seed}",
+                                 "sqlite:///x.db", schedule if seed == 3 else [],
+                                 fired if seed == 3 else [], HistoryVerdict(steps_trained=20),
+                                 2, 95.0, notes=[left_out]))
 
     table.print()
 
+    out = capsys.readouterr().out
+    assert f"note (seeds 3, 4): {left_out}" in out  # which campaigns a note is about
     rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]]
-            for line in capsys.readouterr().out.splitlines()
+            for line in out.splitlines()
             if line.startswith("│") and ("kill-" in line or "outage" in line)}
     # planned, planned in a recovery, fired, in a recovery, recovered, p50, p99
     assert rows["kill-driver"] == ["1", "0", "1", "0", "1", "12.00", "12.00"]
