@@ -116,11 +116,21 @@ class RetryableFailure(OrchestratorError):
     """An attempt failed in a way the supervisor has sorted out: run the operation again.
 
     ``cause`` is the original error (the last one is named in the final error message).
+    ``recovered`` says the sorting out removed what failed (a lost cell failed over, a dead or
+    silent engine replaced): such an attempt does not use up the operation's attempts, since
+    the restart budget and the number of cells bound how often that can happen
+    (:meth:`~orchestrator.control.supervision.FailurePolicy.run`).
     """
 
-    def __init__(self, cause: BaseException) -> None:
+    def __init__(self, cause: BaseException, *, recovered: bool = False) -> None:
         super().__init__(str(cause))
         self.cause = cause
+        self.recovered = recovered
 
     def __reduce__(self):
-        return (type(self), (self.cause,))
+        return (_retryable_failure, (self.cause, self.recovered))
+
+
+def _retryable_failure(cause: BaseException, recovered: bool) -> RetryableFailure:
+    """Unpickle a :class:`RetryableFailure` (its ``recovered`` is keyword-only)."""
+    return RetryableFailure(cause, recovered=recovered)

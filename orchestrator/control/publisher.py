@@ -119,8 +119,8 @@ class Publisher:
             return self.try_publish()
         except EngineLostError as exc:
             logger.warning("%s; restarting dead engines and publishing again", exc)
-            self._engines.restart_dead()
-            raise RetryableFailure(exc) from exc
+            replaced = self._engines.restart_dead()
+            raise RetryableFailure(exc, recovered=bool(replaced)) from exc
         except (PublisherLostError, FencedError) as exc:
             failure = self._sorted_out(exc)
             raise failure from failure.cause
@@ -167,7 +167,7 @@ class Publisher:
         failure :meth:`FailurePolicy.run` retries."""
         if isinstance(exc, PublisherLostError):
             self._lose(exc)
-            return RetryableFailure(exc.cause)
+            return RetryableFailure(exc.cause, recovered=True)
         self._failover.ensure_publisher(refresh=True)
         return RetryableFailure(exc)
 

@@ -17,16 +17,19 @@ from orchestrator.errors import (
 
 
 class Flaky:
-    """Fails as sorted out (RetryableFailure) ``failures`` times, then answers."""
+    """Fails as sorted out (RetryableFailure) ``failures`` times, then answers; the attempts
+    numbered in ``recovered`` fail as recovered (what failed was failed over or replaced)."""
 
-    def __init__(self, failures: int) -> None:
+    def __init__(self, failures: int, recovered: frozenset[int] = frozenset()) -> None:
         self.failures = failures
+        self.recovered = recovered
         self.calls = 0
 
     def __call__(self) -> str:
         self.calls += 1
         if self.calls <= self.failures:
-            raise RetryableFailure(ConnectionError(f"attempt {self.calls} lost its cell"))
+            raise RetryableFailure(ConnectionError(f"attempt {self.calls} lost its cell"),
+                                   recovered=self.calls in self.recovered)
         return "done"
 
 
@@ -46,6 +49,38 @@ def test_run_gives_up_after_max_attempts_naming_the_operation_and_the_last_cause
 
     assert operation.calls == 3
     assert isinstance(failed.value.__cause__, ConnectionError)
+
+
+def test_recovered_failures_do_not_use_up_the_attempts():
+    """Chaos seed 14: three overlapping faults in one weight update (the publisher killed after
+    its commit, the next one killed mid-transfer, an engine killed), each recovered, used up
+    the update's 3 attempts and ended the run."""
+    operation = Flaky(failures=4, recovered=frozenset({1, 2, 3}))
+
+    assert FailurePolicy(max_attempts=3).run(operation, "weight update failed") == "done"
+    assert operation.calls == 5
+
+
+def test_unrecovered_failures_still_end_the_operation_between_recovered_ones():
+    operation = Flaky(failures=10, recovered=frozenset({2, 4}))
+
+    with pytest.raises(StepFailedError, match=r"^train step failed after 5 attempts; "):
+        FailurePolicy(max_attempts=3).run(operation, "train step failed")
+    assert operation.calls == 5  # attempts 1, 3 and 5 were not recovered
+
+
+def test_recovered_failures_are_bounded_too():
+    operation = Flaky(failures=100, recovered=frozenset(range(1, 101)))
+
+    with pytest.raises(StepFailedError, match=r"after 5 attempts"):
+        FailurePolicy(max_attempts=3, max_restarts=2).run(operation, "weight update failed")
+    assert operation.calls == 5  # max_attempts + max_restarts: never a loop
+
+
+def test_a_retryable_failure_keeps_whether_it_was_recovered_across_processes():
+    failure = pickle.loads(pickle.dumps(RetryableFailure(ConnectionError("x"), recovered=True)))
+
+    assert failure.recovered and isinstance(failure.cause, ConnectionError)
 
 
 def test_run_lets_an_error_that_was_not_sorted_out_through_at_once():

@@ -238,6 +238,44 @@ def test_losing_every_cell_restarts_them_from_the_newest_checkpoint(
     assert publisher.publish_weights().version == head.version + 1
 
 
+def test_three_faults_in_one_weight_update_are_each_recovered_and_the_update_lands(
+    supervisor: Supervisor, ledger: Ledger,
+):
+    """Chaos seed 14 (2026-12-02, --overlap): the publisher killed after its commit, the new
+    publisher killed mid-transfer, then an engine killed, all in one update. Each failure was
+    recovered (failover, a restore from the checkpoint, a replacement), yet the three used up
+    the update's attempts and the run ended. Recovered failures no longer count."""
+    publisher = Publisher.of(supervisor)
+    batch = drain(supervisor, 0)
+    supervisor.begin_step(batch)
+    supervisor.train_step(batch.samples)
+    publisher.publish_weights()
+    publisher.save_checkpoint(supervisor.storage.checkpoint_url(1))
+    batch = drain(supervisor, 1)
+    supervisor.begin_step(batch)
+    supervisor.train_step(batch.samples)
+    head = ledger.head(RUN)
+
+    def kill(actor) -> None:
+        os.kill(actor_pid(actor), signal.SIGKILL)
+
+    faults = [lambda: kill(supervisor.cells.actor(head.publisher_cell)),
+              lambda: kill(supervisor.cells.actor(supervisor.cells.alive_ids()[0])),
+              lambda: kill(supervisor.engines["engine-0"])]
+
+    def before_publish() -> None:  # before each attempt, as the campaign's chained faults
+        if faults:
+            faults.pop(0)()
+
+    outcome = Publisher.of(supervisor, before_publish=before_publish).publish_weights()
+
+    assert not faults
+    assert outcome.version == head.version + 1
+    assert supervisor.counters.checkpoint_restores == 1
+    assert replacements(ledger) == [("engine", "engine-0", "dead")]
+    assert ledger.head(RUN).epoch > head.epoch
+
+
 def test_losing_every_cell_before_any_checkpoint_ends_the_step_with_a_typed_error(
     supervisor: Supervisor,
 ):

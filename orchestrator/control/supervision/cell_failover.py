@@ -195,7 +195,7 @@ class CellFailover:
             failed = self.cells.form_quorum()
             if failed:
                 self.lose(failed)
-                raise RetryableFailure(next(iter(failed.values())))
+                raise RetryableFailure(next(iter(failed.values())), recovered=True)
             return self.cells.quorum_id
 
         return self.policy.run(
@@ -237,7 +237,7 @@ class CellFailover:
             return merge_cell_metrics([attempt.results[c] for c in done],
                                       [attempt.shards[attempt.cells.index(c)] for c in done])
         self.reform()
-        raise RetryableFailure(error)
+        raise RetryableFailure(error, recovered=True)
 
     def _complete_half_applied_step(self, before: dict[str, int]) -> bool:
         """If any survivor applied the failed step, copy its state to the others; say so."""

@@ -6,7 +6,10 @@ declared once and nothing else retries or restarts:
 - ``max_attempts``: attempts of one operation (a train step, forming a quorum, a weight
   update, a checkpoint), run by :meth:`FailurePolicy.run`. Each failed attempt is sorted out
   first (lost cells marked, a publisher promoted, dead engines restarted) and says so by
-  raising :class:`RetryableFailure`; then the operation runs again.
+  raising :class:`RetryableFailure`; then the operation runs again. An attempt whose failure
+  was recovered (the failed cell failed over, the failed engine replaced) does not count:
+  overlapping faults can each cost one attempt of the same update, and each was dealt with
+  (the restart budget bounds those).
 - ``max_restarts`` in ``restart_window_s``: replacements of actors (healed cells, restarted
   engines, replaced rollout managers). One more ends the run with
   :class:`~orchestrator.errors.SupervisionLimitError`, never a loop.
@@ -35,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
+from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
 from orchestrator.config import RunConfig
 from orchestrator.errors import RetryableFailure, StepFailedError, SupervisionLimitError
@@ -98,22 +101,35 @@ class FailurePolicy:
         return self.step_timeout_s + self.actor_start_timeout_s
 
     def run(self, operation: Callable[[], _T], what: str) -> _T:
-        """Run ``operation`` up to ``max_attempts`` times; return its first result.
+        """Run ``operation`` until it succeeds; return its result.
 
         ``operation`` raises :class:`RetryableFailure` after it has sorted out a failed
-        attempt; anything else propagates at once, unchanged.
+        attempt; anything else propagates at once, unchanged. ``max_attempts`` failures that
+        were not recovered end it (a recovered one removed what failed, and replacements are
+        charged to the restart budget), and so do ``max_attempts + max_restarts`` failures of
+        any kind, a bound that never loops.
 
         Raises:
-            StepFailedError: every attempt raised ``RetryableFailure``; the message is
-                ``what`` (say "train step failed"), the attempts and the last cause, which is
-                chained.
+            StepFailedError: the attempts are used up; the message is ``what`` (say "train
+                step failed"), the attempts and the last cause, which is chained.
         """
-        retrying = Retrying(stop=stop_after_attempt(self.max_attempts),
-                            retry=retry_if_exception_type(RetryableFailure), reraise=True)
+        unrecovered = 0
+
+        def used_up(state: RetryCallState) -> bool:
+            nonlocal unrecovered
+            failure = state.outcome.exception() if state.outcome is not None else None
+            if not (isinstance(failure, RetryableFailure) and failure.recovered):
+                unrecovered += 1
+            return (unrecovered >= self.max_attempts
+                    or state.attempt_number >= self.max_attempts + self.max_restarts)
+
+        retrying = Retrying(stop=used_up, retry=retry_if_exception_type(RetryableFailure),
+                            reraise=True)
         try:
             return retrying(operation)
         except RetryableFailure as exc:
-            raise StepFailedError(f"{what} after {self.max_attempts} attempts; last error: "
+            attempts = retrying.statistics.get("attempt_number", self.max_attempts)
+            raise StepFailedError(f"{what} after {attempts} attempts; last error: "
                                   f"{exc.cause}") from exc.cause
 
 
