@@ -166,8 +166,8 @@ class Publisher:
         """Sort out a lost publisher (lose it) or a fenced one (promote afresh); returns the
         failure :meth:`FailurePolicy.run` retries."""
         if isinstance(exc, PublisherLostError):
-            self._lose(exc)
-            return RetryableFailure(exc.cause, recovered=True)
+            lost = self._lose(exc)
+            return RetryableFailure(exc.cause, recovered=bool(lost))
         self._failover.ensure_publisher(refresh=True)
         return RetryableFailure(exc)
 
@@ -178,9 +178,11 @@ class Publisher:
             raise _classify(cell_id, failed[cell_id])
         return results[cell_id]
 
-    def _lose(self, lost: PublisherLostError) -> None:
-        self._failover.lose({lost.cell_id: lost.cause})
+    def _lose(self, lost: PublisherLostError) -> list[str]:
+        """Fail the lost publisher over and re-form the quorum; returns the cells lost now."""
+        cells = self._failover.lose({lost.cell_id: lost.cause})
         self._failover.reform()
+        return cells
 
 
 def _classify(cell_id: str, exc: BaseException) -> BaseException:

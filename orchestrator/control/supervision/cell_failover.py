@@ -194,8 +194,8 @@ class CellFailover:
                 raise NoCellAliveError("no train cell is alive")
             failed = self.cells.form_quorum()
             if failed:
-                self.lose(failed)
-                raise RetryableFailure(next(iter(failed.values())), recovered=True)
+                lost = self.lose(failed)
+                raise RetryableFailure(next(iter(failed.values())), recovered=bool(lost))
             return self.cells.quorum_id
 
         return self.policy.run(
@@ -230,14 +230,14 @@ class CellFailover:
         self._counters.retried_steps += 1
         error = next(iter(failed.values()))
         logger.warning("train step attempt failed: %s", error)
-        self.lose(failed)
+        lost = self.lose(failed)
         if attempt is not None and before and self._complete_half_applied_step(before):
             done = [c for c in self.cells.alive_ids() if c in attempt.results]
             self.reform()
             return merge_cell_metrics([attempt.results[c] for c in done],
                                       [attempt.shards[attempt.cells.index(c)] for c in done])
         self.reform()
-        raise RetryableFailure(error, recovered=True)
+        raise RetryableFailure(error, recovered=bool(lost))
 
     def _complete_half_applied_step(self, before: dict[str, int]) -> bool:
         """If any survivor applied the failed step, copy its state to the others; say so."""
