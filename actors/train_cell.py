@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -64,11 +65,26 @@ from actors.publishing.sequence import FaultAction, UpdateFaults, UpdatePoint, U
 from actors.publishing.sequence import update_weights as run_update_sequence
 from orchestrator.rollout.types import Group, Sample
 
-__all__ = ["TRAIN_CELL_ACTOR_OPTIONS", "TrainCell"]
+__all__ = ["TRAIN_CELL_ACTOR_OPTIONS", "TrainCell", "has_learning_signal"]
 
 logger = logging.getLogger(__name__)
 
 TRAIN_CELL_ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 0.5, "max_concurrency": 1}
+
+
+def has_learning_signal(grad_norm: float) -> bool:
+    """Whether a step whose averaged gradient has ``grad_norm`` should move the weights.
+
+    No when the gradient is exactly zero: every group's rewards were equal, so every advantage
+    is zero and the batch says nothing. AdamW would still move the weights by its momentum,
+    for about ten steps more in the direction of the last real gradient; a nearly
+    deterministic policy pushed that way can switch its answers into a state where every group
+    again scores the same and no gradient ever comes back (chaos seed 17: four such steps moved
+    the weights by 0.5 in L2 norm and the reward fell from 0.65 to a constant 0.10). No also
+    when the norm is not finite: a NaN or infinite gradient would poison the weights and the
+    optimizer state.
+    """
+    return math.isfinite(grad_norm) and grad_norm > 0.0
 
 
 class TrainCell:
@@ -166,7 +182,9 @@ class TrainCell:
         """One GRPO step on ``groups`` (the samples of each prompt), averaged across the group.
 
         Every member of the gradient group must call it once per step. On failure the weights
-        and optimizer are unchanged.
+        and optimizer are unchanged. A step without learning signal (:func:`has_learning_signal`)
+        counts as a step but leaves the weights and optimizer alone; every cell sees the same
+        averaged gradient, so all of them skip it together.
 
         Raises:
             ValueError: the batch has no trainable sample.
@@ -182,13 +200,16 @@ class TrainCell:
             loss, metrics = grpo_loss(self.model, batch, self.grpo)
         loss.backward()
         self._gradients.average(self._parameters)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters, self.max_grad_norm)
-        self.optimizer.step()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._parameters, self.max_grad_norm))
+        stepped = has_learning_signal(grad_norm)
+        if stepped:
+            self.optimizer.step()
         self.train_step_count += 1
         versions = [v for g in sample_groups for s in g for v in s.weight_versions]
         metrics.update({
             "train_step": float(self.train_step_count),
-            "grad_norm": float(grad_norm),
+            "grad_norm": grad_norm,
+            "optimizer_step_skipped": 0.0 if stepped else 1.0,
             "world_size": float(self._gradients.world_size),
             "oldest_sample_version": float(min(versions)) if versions else -1.0,
             "step_seconds": time.perf_counter() - started,

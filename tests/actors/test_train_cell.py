@@ -15,6 +15,7 @@ import signal
 
 import pytest
 import ray
+import torch
 from ray.exceptions import RayActorError
 
 from actors.errors import CollectiveError
@@ -22,7 +23,7 @@ from actors.policies.policy import PolicyConfig
 from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
 from actors.gradient_group import create_rendezvous_store
-from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell
+from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell, has_learning_signal
 from actors.publishing.sequence import UpdatePoint
 from ledger import FencedError, Ledger
 from orchestrator.drills.faults import wait_stopped
@@ -183,6 +184,42 @@ def test_set_state_heals_a_cell_with_weights_and_optimizer(tmp_path, sqlite_url:
 
     assert healed.weights_checksum() == healthy.weights_checksum()
     assert healed.progress() == healthy.progress() == 3
+
+
+def _rewarded(groups, rewards_of_group):
+    """``groups`` with each sample's reward set by ``rewards_of_group(sample_position)``."""
+    for group in groups:
+        for position, sample in enumerate(group):
+            sample.reward = rewards_of_group(position)
+    return groups
+
+
+def test_a_batch_without_learning_signal_leaves_weights_and_optimizer_alone() -> None:
+    """Equal rewards in every group: zero advantages, a zero gradient. AdamW would still move
+    the weights by its momentum from the step before (chaos seed 17's drift into a collapse);
+    the cell counts the step and moves nothing."""
+    engine = RolloutEngine("engine-0", "torch", CONFIG, 0, TASK)
+    cell = TrainCell("cell-0", "torch", CONFIG, 0)
+    initial = cell.weights_checksum()
+    learned = cell.train_step(_rewarded(_batch(engine, 0), lambda i: float(i % 2)))
+    after_signal = cell.weights_checksum()
+    moments = [s["exp_avg"].clone() for s in cell.optimizer.state.values()]
+
+    flat = cell.train_step(_rewarded(_batch(engine, 50), lambda i: 1.0))
+
+    assert after_signal != initial and learned["optimizer_step_skipped"] == 0.0
+    assert flat["grad_norm"] == 0.0 and flat["optimizer_step_skipped"] == 1.0
+    assert cell.weights_checksum() == after_signal
+    assert all(torch.equal(before, state["exp_avg"])
+               for before, state in zip(moments, cell.optimizer.state.values(), strict=True))
+    assert cell.progress() == 2
+
+
+@pytest.mark.parametrize(("grad_norm", "signal"), [
+    (0.0, False), (float("nan"), False), (float("inf"), False), (1e-12, True), (3.5, True)])
+def test_only_a_finite_nonzero_gradient_is_a_learning_signal(grad_norm: float,
+                                                             signal: bool) -> None:
+    assert has_learning_signal(grad_norm) is signal
 
 
 def test_checkpoint_round_trip_records_checkpoint_saved(tmp_path, sqlite_url: str) -> None:
