@@ -32,8 +32,14 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 
 from ledger import EventKind, Ledger
-from ledger.run_layout import REWARD_KEY, RunLayout
-from orchestrator.chaos.history import Breach, CampaignFacts, HistoryVerdict, check_history
+from ledger.run_layout import REWARD_KEY, STEP_KEY, RunLayout
+from orchestrator.chaos.history import (
+    REWARD_WINDOW,
+    Breach,
+    CampaignFacts,
+    HistoryVerdict,
+    check_history,
+)
 from orchestrator.chaos.job_process import JobSpec, write_spec
 from orchestrator.chaos.nemesis import FaultKind, PlannedFault, draw_schedule
 from orchestrator.chaos.recovery import FiredFault, fired_faults
@@ -43,7 +49,6 @@ __all__ = ["CampaignOptions", "CampaignResult", "campaign_kinds", "run_campaign"
 
 CAMPAIGN_HEARTBEAT_S = 3.0  # as the drills: a frozen publisher is failed over quickly
 HANG_AFTER_S = 180.0  # the longest silence in the ledger that is not a hang
-REWARD_WINDOW = 5  # steps whose mean reward is the run's final reward
 MAX_JOB_PROCESSES = 100  # resumes of one campaign, a bound and never a loop
 
 
@@ -152,11 +157,12 @@ def run_campaign(options: CampaignOptions) -> CampaignResult:
         processes, extra = _run_job_processes(options, config, schedule, layout, started,
                                               ledger)
         wall_s = time.monotonic() - started
-        final = _final_reward(layout)
+        rewards = _step_rewards(layout)
+        final = _final_reward(rewards)
         facts = CampaignFacts(
             target_steps=options.steps, deadline_s=options.deadline, elapsed_s=wall_s,
             hang_after_s=HANG_AFTER_S, final_reward=final, baseline_reward=baseline,
-            reward_tolerance=options.reward_tolerance or 0.0,
+            reward_tolerance=options.reward_tolerance or 0.0, rewards=rewards,
             audit_problems=[(p.check, p.seq, p.message)
                             for p in ledger.verify(run_id).problems],
         )
@@ -242,13 +248,22 @@ def _tail(log: Path) -> str:
     return " ".join(text[-400:].split())
 
 
-def _final_reward(layout: RunLayout) -> float | None:
-    """Mean reward of the run's last :data:`REWARD_WINDOW` steps (its ``metrics.jsonl``)."""
+def _step_rewards(layout: RunLayout) -> list[float]:
+    """The run's mean reward per step in step order (its ``metrics.jsonl``; a step recorded
+    twice, by a job and by the job that resumed it, counts once: the later record)."""
     if not layout.metrics_path.exists():
-        return None
-    rewards = [json.loads(line).get(REWARD_KEY) for line in
-               layout.metrics_path.read_text().splitlines() if line.strip()]
-    rewards = [r for r in rewards if isinstance(r, int | float)]
+        return []
+    by_step: dict[int, float] = {}
+    for line in layout.metrics_path.read_text().splitlines():
+        record = json.loads(line) if line.strip() else {}
+        reward, step = record.get(REWARD_KEY), record.get(STEP_KEY)
+        if isinstance(reward, int | float) and isinstance(step, int):
+            by_step[step] = float(reward)
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def _final_reward(rewards: list[float]) -> float | None:
+    """Mean reward of the run's last :data:`REWARD_WINDOW` steps."""
     return statistics.fmean(rewards[-REWARD_WINDOW:]) if rewards else None
 
 
@@ -264,7 +279,7 @@ def _baseline_reward(options: CampaignOptions, config: RunConfig) -> float | Non
         schedule=[], seed=options.seed, local_nodes=options.local_nodes))
     _run_process([sys.executable, "-m", "orchestrator.chaos.job_process", str(spec)],
                  layout.run_dir / "chaos-job-1.log", options.deadline)
-    return _final_reward(layout)
+    return _final_reward(_step_rewards(layout))
 
 
 def _record_verdict(ledger: Ledger, run_id: str, verdict: HistoryVerdict) -> None:

@@ -18,7 +18,9 @@ The checks, each independent of the code that wrote the history:
 * ``prompts``: every prompt issued is trained exactly once, dropped once with a reason, or in
   flight at the end (invariant 7), and none is trained that was never issued;
 * ``liveness``: the run reached its steps, within the deadline, without a silent gap (a hang);
-* ``learning``: the final reward is within the tolerance of a fault-free run of the same seed.
+* ``learning``: the final reward is within the tolerance of a fault-free run of the same seed;
+  a breach is placed at the step where the reward fell below that bound for good, so it names
+  the fault before the fall, not the last fault of the run.
 """
 
 from __future__ import annotations
@@ -26,12 +28,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from statistics import fmean
 
 from ledger import Event, EventKind
 from ledger.events import PUBLISHER_KINDS
 from ledger.id_ranges import expand
 
-__all__ = ["Breach", "CampaignFacts", "HistoryVerdict", "InjectedFault", "check_history"]
+__all__ = ["REWARD_WINDOW", "Breach", "CampaignFacts", "HistoryVerdict", "InjectedFault",
+           "check_history", "fell_below"]
+
+REWARD_WINDOW = 5  # steps whose mean reward is a run's reward at a step, and its final reward
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,8 @@ class CampaignFacts:
     ``audit_problems`` are ``(check, seq, message)`` triples from :meth:`ledger.Ledger.verify`.
     ``hang_after_s`` is the longest silence (no event recorded) a live run may have;
     ``elapsed_s`` the campaign's own launch-to-end time (None: first to last event).
+    ``rewards`` is the run's mean reward per step, in step order from step 1 (its metrics):
+    where it fell is where a learning breach is placed.
     """
 
     target_steps: int
@@ -82,6 +90,7 @@ class CampaignFacts:
     baseline_reward: float | None = None
     reward_tolerance: float = 0.1
     audit_problems: Sequence[tuple[str, int | None, str]] = ()
+    rewards: Sequence[float] = ()
 
 
 @dataclass
@@ -110,6 +119,7 @@ class _Walk:
         self.stamped: dict[str, int] = {}
         self.trained: dict[int, int] = {}  # prompt id -> train step
         self.dropped: dict[int, str] = {}  # prompt id -> reason
+        self.step_seqs: dict[int, int] = {}  # train step -> seq of its batch_trained
         self.issued = 0
         self.first_event: Event | None = None
         self.last_event: Event | None = None
@@ -183,6 +193,7 @@ class _Walk:
         payload = event.payload
         step = int(payload.get("train_step", 0))
         self.verdict.steps_trained = max(self.verdict.steps_trained, step)
+        self.step_seqs.setdefault(step, event.seq)
         staleness_min = payload.get("staleness", {}).get("min", 0)
         if staleness_min < 0:
             self.breach("staleness", f"step {step} trained at staleness {staleness_min}",
@@ -276,6 +287,23 @@ def _judge_end(walk: _Walk, facts: CampaignFacts) -> None:
                     f"{facts.deadline_s:g} s", end_seq)
     if (facts.final_reward is not None and facts.baseline_reward is not None
             and facts.final_reward < facts.baseline_reward - facts.reward_tolerance):
+        bound = facts.baseline_reward - facts.reward_tolerance
+        fell = fell_below(facts.rewards, bound)
+        where = (f"; its {REWARD_WINDOW}-step mean fell below {bound:.3f} at step {fell} and "
+                 f"stayed there" if fell is not None else "")
         walk.breach("learning", f"final reward {facts.final_reward:.3f} against "
                     f"{facts.baseline_reward:.3f} fault-free (tolerance "
-                    f"{facts.reward_tolerance:g})", None)
+                    f"{facts.reward_tolerance:g}){where}",
+                    walk.step_seqs.get(fell) if fell is not None else None)
+
+
+def fell_below(rewards: Sequence[float], bound: float,
+               window: int = REWARD_WINDOW) -> int | None:
+    """The step (from 1) from which the mean of the last ``window`` rewards stays below
+    ``bound`` to the end of ``rewards``; None if it ends at or above ``bound`` (or is empty)."""
+    fell = None
+    for index in range(len(rewards) - 1, -1, -1):
+        if fmean(rewards[max(0, index + 1 - window):index + 1]) >= bound:
+            break
+        fell = index + 1
+    return fell

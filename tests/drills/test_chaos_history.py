@@ -13,6 +13,7 @@ import pytest
 from ledger import Event, EventKind, Ledger
 from ledger.provenance import prompt_digest
 from orchestrator.chaos import CampaignFacts, FaultKind, check_history, draw_schedule
+from orchestrator.chaos.history import fell_below
 from orchestrator.chaos.nemesis import schedule_from_payload
 
 RUN = "chaos-run"
@@ -152,6 +153,35 @@ def test_audit_problems_and_a_lost_reward_are_breaches(history: list[Event]) -> 
     assert {b.check for b in verdict.breaches} == {"audit", "learning"}
     audit = next(b for b in verdict.breaches if b.check == "audit")
     assert audit.after is None and "before any fault" in str(audit)
+
+
+def test_a_lost_reward_names_the_fault_before_the_fall_not_the_last_fault(
+        history: list[Event]) -> None:
+    """The reward fell at step 3, after fault 0 (step 2); fault 1 (step 4) came later."""
+    facts = dataclasses.replace(FACTS, final_reward=0.10, baseline_reward=0.60,
+                                reward_tolerance=0.1, rewards=[0.6, 0.6, 0.1, 0.1, 0.1, 0.1])
+
+    verdict = check_history(history, facts)
+
+    assert [b.check for b in verdict.breaches] == ["learning"]
+    learning = verdict.breaches[0]
+    assert "fell below 0.500 at step 3 and stayed there" in learning.message
+    assert learning.after is not None and learning.after.index == 0
+    batch_of_step_3 = next(e for e in history if e.kind == EventKind.BATCH_TRAINED
+                           and e.payload["train_step"] == 3)
+    assert learning.seq == batch_of_step_3.seq
+
+
+@pytest.mark.parametrize(("rewards", "window", "fell"), [
+    ([0.6, 0.6, 0.1, 0.1, 0.1, 0.1], 5, 3),  # means 0.6, 0.6, 0.43, 0.35, 0.30, 0.20
+    ([0.7, 0.7, 0.7, 0.7, 0.1, 0.1], 5, 6),  # means ... 0.7, 0.58, 0.46: only the last
+    ([0.1, 0.1, 0.6, 0.6, 0.6, 0.6], 5, None),  # ends above the bound
+    ([0.6, 0.1, 0.6, 0.1, 0.1, 0.1], 1, 4),  # below at step 2, back above at 3, below from 4
+    ([], 5, None),
+])
+def test_fell_below_is_the_start_of_the_last_stretch_under_the_bound(
+        rewards: list[float], window: int, fell: int | None) -> None:
+    assert fell_below(rewards, 0.5, window) == fell
 
 
 def test_a_run_past_its_deadline_is_a_liveness_breach(history: list[Event]) -> None:
