@@ -19,8 +19,8 @@ The checks, each independent of the code that wrote the history:
   flight at the end (invariant 7), and none is trained that was never issued;
 * ``liveness``: the run reached its steps, within the deadline, without a silent gap (a hang);
 * ``learning``: the final reward is within the tolerance of a fault-free run of the same seed;
-  a breach is placed at the step where the reward fell below that bound for good, so it names
-  the fault before the fall, not the last fault of the run.
+  a breach is placed at the step where the reward fell below that bound before its 5-step mean
+  stayed there, so it names the fault before the fall, not the last fault of the run.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from ledger.events import PUBLISHER_KINDS
 from ledger.id_ranges import expand
 
 __all__ = ["REWARD_WINDOW", "Breach", "CampaignFacts", "HistoryVerdict", "InjectedFault",
-           "check_history", "fell_below"]
+           "check_history", "fell_below", "first_low_step"]
 
 REWARD_WINDOW = 5  # steps whose mean reward is a run's reward at a step, and its final reward
 
@@ -289,12 +289,13 @@ def _judge_end(walk: _Walk, facts: CampaignFacts) -> None:
             and facts.final_reward < facts.baseline_reward - facts.reward_tolerance):
         bound = facts.baseline_reward - facts.reward_tolerance
         fell = fell_below(facts.rewards, bound)
-        where = (f"; its {REWARD_WINDOW}-step mean fell below {bound:.3f} at step {fell} and "
-                 f"stayed there" if fell is not None else "")
+        first_low = None if fell is None else first_low_step(facts.rewards, bound, fell)
+        where = ("" if fell is None else f"; its reward fell below {bound:.3f} at step "
+                 f"{first_low}, and its {REWARD_WINDOW}-step mean stayed below from step {fell}")
         walk.breach("learning", f"final reward {facts.final_reward:.3f} against "
                     f"{facts.baseline_reward:.3f} fault-free (tolerance "
                     f"{facts.reward_tolerance:g}){where}",
-                    walk.step_seqs.get(fell) if fell is not None else None)
+                    walk.step_seqs.get(first_low) if first_low is not None else None)
 
 
 def fell_below(rewards: Sequence[float], bound: float,
@@ -307,3 +308,14 @@ def fell_below(rewards: Sequence[float], bound: float,
             break
         fell = index + 1
     return fell
+
+
+def first_low_step(rewards: Sequence[float], bound: float, fell: int,
+                   window: int = REWARD_WINDOW) -> int:
+    """Where the fall that :func:`fell_below` dates to ``fell`` began: the first step of the run
+    of steps below ``bound`` that ends at ``fell``, looking back at most ``window - 1`` steps
+    (the mean lags the steps that pulled it down; the fall began in its window)."""
+    first = fell
+    while first - 1 >= max(1, fell - window + 1) and rewards[first - 2] < bound:
+        first -= 1
+    return first

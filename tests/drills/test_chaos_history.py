@@ -13,7 +13,7 @@ import pytest
 from ledger import Event, EventKind, Ledger
 from ledger.provenance import prompt_digest
 from orchestrator.chaos import CampaignFacts, FaultKind, check_history, draw_schedule
-from orchestrator.chaos.history import fell_below
+from orchestrator.chaos.history import fell_below, first_low_step
 from orchestrator.chaos.nemesis import schedule_from_payload
 
 RUN = "chaos-run"
@@ -165,7 +165,8 @@ def test_a_lost_reward_names_the_fault_before_the_fall_not_the_last_fault(
 
     assert [b.check for b in verdict.breaches] == ["learning"]
     learning = verdict.breaches[0]
-    assert "fell below 0.500 at step 3 and stayed there" in learning.message
+    assert ("fell below 0.500 at step 3, and its 5-step mean stayed below from step 3"
+            in learning.message)
     assert learning.after is not None and learning.after.index == 0
     batch_of_step_3 = next(e for e in history if e.kind == EventKind.BATCH_TRAINED
                            and e.payload["train_step"] == 3)
@@ -182,6 +183,33 @@ def test_a_lost_reward_names_the_fault_before_the_fall_not_the_last_fault(
 def test_fell_below_is_the_start_of_the_last_stretch_under_the_bound(
         rewards: list[float], window: int, fell: int | None) -> None:
     assert fell_below(rewards, 0.5, window) == fell
+
+
+def test_a_learning_breach_is_placed_where_the_reward_fell_not_where_the_mean_caught_up(
+        history: list[Event]) -> None:
+    """The 5-step mean crosses the bound at step 6 (means 0.9, 0.9, 0.9, 0.8, 0.74, 0.66), two
+    steps after the reward fell (step 4): the breach names fault 0, which came before the fall,
+    not fault 1 (at step 4's end), which came after it."""
+    facts = dataclasses.replace(FACTS, final_reward=0.50, baseline_reward=0.80,
+                                reward_tolerance=0.1, rewards=[0.9, 0.9, 0.9, 0.5, 0.5, 0.5])
+
+    learning = check_history(history, facts).breaches[0]
+
+    assert "fell below 0.700 at step 4, and its 5-step mean stayed below from step 6" in (
+        learning.message)
+    assert learning.after is not None and learning.after.index == 0
+
+
+@pytest.mark.parametrize(("rewards", "window", "first"), [
+    ([0.7] * 6 + [0.1] * 4, 5, 7),  # the mean crosses at step 8; the fall began at 7
+    ([0.1] * 10, 5, 1),
+    ([0.7] * 6 + [0.4, 0.1, 0.1, 0.1], 2, 7),  # looks back at most window - 1 steps
+])
+def test_first_low_step_is_where_the_fall_began_within_the_window(
+        rewards: list[float], window: int, first: int) -> None:
+    fell = fell_below(rewards, 0.5, window)
+    assert fell is not None
+    assert first_low_step(rewards, 0.5, fell, window) == first
 
 
 def test_a_run_past_its_deadline_is_a_liveness_breach(history: list[Event]) -> None:
