@@ -74,3 +74,11 @@ def test_control_plane_bench_prints_every_phase_for_each_batch_size() -> None:
     for row in ("| control plane (ms) |", "|   update: commit (ms) |", "| provenance (ms) |",
                 "| manager CPU share of a core |", "| engine calls |"):
         assert row in out, out
+
+
+@pytest.mark.slow
+def test_campaign_stability_bench_prints_each_learning_rate() -> None:
+    out = run_quick("campaign_stability.py", timeout=600)
+
+    assert "| 0.003 | 1 |" in out and "| 0.001 | 1 |" in out, out
+    assert "| 1 | 0.003 |" in out and "| 1 | 0.001 |" in out, out
