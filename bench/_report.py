@@ -5,6 +5,7 @@ Imports only the standard library, so light benchmarks (ledger, drain) stay ligh
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
@@ -12,7 +13,7 @@ import statistics
 from collections.abc import Sequence
 from typing import TypeVar
 
-__all__ = ["machine_line", "median_spread", "rotated"]
+__all__ = ["machine_line", "median_spread", "rotated", "seed_list"]
 
 T = TypeVar("T")
 
@@ -34,3 +35,15 @@ def rotated(items: Sequence[T], repeat: int) -> list[T]:
     variant always runs first (or always right after a given other one)."""
     shift = repeat % len(items)
     return list(items[shift:]) + list(items[:shift])
+
+
+def seed_list(text: str) -> set[int]:
+    """``1-4,7,101-105`` as a set of seeds (an argparse ``type``)."""
+    seeds: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        try:
+            seeds.update(range(int(first), int(last or first) + 1))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a seed or a range of seeds: {part!r}")
+    return seeds

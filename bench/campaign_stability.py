@@ -30,7 +30,7 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 
-from _report import machine_line, median_spread, rotated  # noqa: E402
+from _report import machine_line, median_spread, rotated, seed_list  # noqa: E402
 from ledger.run_layout import REWARD_KEY, STEP_KEY, RunLayout  # noqa: E402
 from orchestrator.chaos.campaign import CampaignOptions, campaign_config  # noqa: E402
 from orchestrator.chaos.history import REWARD_WINDOW  # noqa: E402
@@ -50,15 +50,6 @@ class FaultFreeRun:
     final_reward: float
     max_kl: float
     wall_s: float
-
-
-def seed_range(text: str) -> list[int]:
-    """``"1-20"`` or ``"1,4,7"`` as a list of seeds."""
-    seeds: list[int] = []
-    for part in text.split(","):
-        first, _, last = part.partition("-")
-        seeds.extend(range(int(first), int(last or first) + 1))
-    return seeds
 
 
 def run_fault_free(lr: float, seed: int, steps: int, runs_dir: Path) -> FaultFreeRun:
@@ -115,7 +106,7 @@ def print_report(runs: list[FaultFreeRun], steps: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lr", type=float, nargs="+", default=[3e-3, 1e-3])
-    parser.add_argument("--seeds", type=seed_range, default=seed_range("1-20"))
+    parser.add_argument("--seeds", type=seed_list, default=seed_list("1-20"))
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--runs-dir", type=Path, default=None)
     parser.add_argument("--quick", action="store_true",
@@ -125,7 +116,7 @@ def main() -> int:
         args.seeds, args.steps = [1], 6
     runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="stability-"))
     runs = [run_fault_free(lr, seed, args.steps, runs_dir)
-            for round_index, seed in enumerate(args.seeds)
+            for round_index, seed in enumerate(sorted(args.seeds))
             for lr in rotated(args.lr, round_index)]
     print_report(runs, args.steps)
     print(f"runs: {runs_dir}")

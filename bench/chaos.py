@@ -34,6 +34,7 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 
+from _report import seed_list  # noqa: E402
 from orchestrator.chaos.campaign import (  # noqa: E402
     CampaignOptions,
     CampaignResult,
@@ -108,18 +109,6 @@ def load_results(runs_dirs: list[Path]) -> list[CampaignResult]:
                for runs_dir in runs_dirs for path in (runs_dir / "results").glob("seed-*.pkl")]
     return sorted(results, key=lambda result: (result.options.db is not None,
                                                result.options.seed))
-
-
-def seed_list(text: str) -> set[int]:
-    """``1-4,7,101-105`` as a set of seeds."""
-    seeds: set[int] = set()
-    for part in text.split(","):
-        first, _, last = part.strip().partition("-")
-        try:
-            seeds.update(range(int(first), int(last or first) + 1))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a seed or a range of seeds: {part!r}")
-    return seeds
 
 
 def interleaved(many: list[CampaignOptions], few: list[CampaignOptions]
