@@ -5,7 +5,8 @@ around it (``weight_update_started``, pause under the epoch fence, transfer, eve
 checksum equal to the sender's, ``commit_weights``, the one finalize that stamps and resumes)
 is the same code for both (:mod:`actors.publishing.weight_sync`).
 
-- ``object_store`` (always available): one ``ray.put`` of CPU copies, read by every engine.
+- ``object_store`` (always available): one ``ray.put`` of CPU copies packed into one buffer
+  (:mod:`actors.publishing.packed`), read by every engine.
 - ``cuda_ipc``: chosen automatically when the publisher is on CUDA and every engine is an
   actor on the same node and the same physical GPU (fractional GPUs: a cell and its engines
   sharing one device). The publisher sends CUDA IPC handles of its staged tensors
@@ -30,6 +31,7 @@ import ray
 import torch
 
 from actors.cluster.node_info import node_fields
+from actors.publishing.packed import PackedTensors, unpack_tensors
 
 __all__ = ["CUDA_IPC", "OBJECT_STORE", "CudaIpcWeights", "DeviceInfo", "EngineDevices",
            "local_device_info", "open_weights", "select_weight_path", "share_cuda_tensors"]
@@ -121,10 +123,14 @@ def share_cuda_tensors(tensors: dict[str, torch.Tensor]) -> CudaIpcWeights:
                            for name, tensor in tensors.items()})
 
 
-def open_weights(payload: dict[str, torch.Tensor] | CudaIpcWeights) -> dict[str, torch.Tensor]:
-    """The tensors a ``load_weights`` call received: ``payload`` itself, or the publisher's
-    CUDA tensors opened from their IPC handles on this process's current CUDA device (the
-    sender's device index means nothing here: each actor numbers its visible GPUs from 0)."""
+def open_weights(payload: dict[str, torch.Tensor] | PackedTensors | CudaIpcWeights
+                 ) -> dict[str, torch.Tensor]:
+    """The tensors a ``load_weights`` call received: ``payload`` itself, the tensors of a
+    packed object-store buffer, or the publisher's CUDA tensors opened from their IPC handles
+    on this process's current CUDA device (the sender's device index means nothing here: each
+    actor numbers its visible GPUs from 0)."""
+    if isinstance(payload, PackedTensors):
+        return unpack_tensors(payload)
     if not isinstance(payload, CudaIpcWeights):
         return payload
     here = torch.cuda.current_device()

@@ -41,7 +41,7 @@ ROWS: list[tuple[str, str, float]] = [
     ("train (ms)", "time/train_s", 1000),
     ("weight update (ms)", "time/update_weights_s", 1000),
     *[(f"  update: {name} (ms)", f"time/update/{name}_s", 1000)
-      for name in ("started", "stage", "pause", "load", "commit", "stamp", "resume", "stamped",
+      for name in ("started", "stage", "pause", "load", "commit", "stamp", "stamped",
                    "hand_over")],
     ("provenance (ms)", "time/provenance_s", 1000),
     ("end of step (ms)", "time/end_step_s", 1000),

@@ -44,7 +44,7 @@ from ledger import Ledger
 from orchestrator.config import RunConfig
 from orchestrator.control.launch import policy_config
 
-STEPS = ("started", "stage", "pause", "load", "commit", "stamp", "resume", "stamped")
+STEPS = ("started", "stage", "pause", "load", "commit", "stamp", "stamped")
 LEDGER_STEPS = ("started", "commit", "stamped")
 TASK = AdditionTask(seed=0)
 

@@ -146,6 +146,17 @@ class RolloutEngineProtocol(Protocol):
         """
         ...
 
+    def stamp_and_resume(self, version: int, epoch: int) -> dict[str, Any]:
+        """:meth:`update_weight_version`, then :meth:`continue_generation`, in one call (one
+        round trip of a weight update's step 5). Returns ``{"engine_id": ..., "resume_error":
+        None | str}``: a resume that failed after the stamp is reported, not raised.
+
+        Raises:
+            StaleEpochError: ``epoch`` is below the highest seen; nothing changes.
+            VersionLabelError: ``version`` is not an int >= 0; nothing changes.
+        """
+        ...
+
     def weights_checksum(self, adapters_only: bool = False) -> str:
         """sha256 of the engine's tensors (all, or the LoRA adapters) in name order."""
         ...

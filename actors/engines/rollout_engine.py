@@ -309,7 +309,7 @@ class RolloutEngine:
             ValueError: unknown transport.
         """
         transport = Transport.parse(transport)
-        tensors = open_weights(tensors)  # CUDA IPC handles from a publisher on our GPU
+        tensors = open_weights(tensors)  # a packed buffer, or CUDA IPC handles on our GPU
         with self.state.lock:
             self.state.check_epoch("load_weights", epoch)
             if not self.state.paused or self._running:
@@ -333,6 +333,22 @@ class RolloutEngine:
         with self.state.lock:
             self.state.stamp(version, epoch)
             return self.engine_id
+
+    @ray.method(concurrency_group=CONTROL)
+    def stamp_and_resume(self, version: int, epoch: int) -> dict[str, Any]:
+        """Step 5 in one call: :meth:`update_weight_version`, then :meth:`continue_generation`,
+        under one lock (so no call runs between the two). Returns ``engine_id`` and
+        ``resume_error`` (always ``None`` here: resuming cannot fail once stamped).
+
+        Raises:
+            StaleEpochError: ``epoch`` is lower than the highest seen; nothing changes, the
+                engine stays paused.
+            VersionLabelError: ``version`` is not a non-negative int; nothing changes.
+        """
+        with self.state.lock:
+            self.state.stamp(version, epoch)
+            self.state.resume()
+            return {"engine_id": self.engine_id, "resume_error": None}
 
     @ray.method(concurrency_group=CONTROL)
     def weights_checksum(self, adapters_only: bool = False) -> str:

@@ -230,10 +230,34 @@ class VLLMEngine:
             with self.state.lock:
                 if epoch is not None:
                     self.state.check_epoch("continue_generation", epoch)
-            self._wake()
-            self._core().resume_scheduler()
+            self._resume()
+
+    @ray.method(concurrency_group=CONTROL)
+    def stamp_and_resume(self, version: int, epoch: int) -> dict[str, Any]:
+        """Step 5 in one call: stamp with ``version``, then resume. Returns ``engine_id`` and
+        ``resume_error``: ``None``, or why vLLM's scheduler did not resume (the engine is
+        stamped but paused; the control plane's probe replaces it).
+
+        Raises:
+            StaleEpochError: ``epoch`` is below the highest seen; nothing changes.
+            VersionLabelError: ``version`` is not an int >= 0; nothing changes.
+        """
+        with self._engine_lock:
             with self.state.lock:
-                self.state.resume()
+                self.state.stamp(version, epoch)
+            try:
+                self._resume()
+            except Exception as exc:  # noqa: BLE001 - stamped: the caller must still hear so
+                return {"engine_id": self.engine_id,
+                        "resume_error": f"{type(exc).__name__}: {exc}"}
+        return {"engine_id": self.engine_id, "resume_error": None}
+
+    def _resume(self) -> None:
+        """Resume vLLM's scheduler and serve (the caller holds the engine lock)."""
+        self._wake()
+        self._core().resume_scheduler()
+        with self.state.lock:
+            self.state.resume()
 
     @ray.method(concurrency_group=CONTROL)
     def weights_checksum(self, adapters_only: bool = False) -> str:

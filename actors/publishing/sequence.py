@@ -120,7 +120,8 @@ def _no_fault(point: UpdatePoint) -> None:
 class UpdateReport:
     """What one update did: the committed head, which engines were stamped and resumed, which
     failed (engine index -> error), and each step's wall seconds (``step_seconds``: started,
-    stage, pause (the wait after staging), load, commit, stamp, resume, stamped).
+    stage, pause (the wait after staging), load, commit, stamp (stamp and resume, one call per
+    engine), stamped).
 
     ``committed`` is the head the commit made: ``version`` v, ``epoch`` e, this cell, and the
     seq and hash of the ``weight_committed`` event (a witness the ledger must still hold).
@@ -146,9 +147,6 @@ class UpdateReport:
     def stamp_s(self) -> float:
         return self.step_seconds.get("stamp", 0.0)
 
-    @property
-    def resume_s(self) -> float:
-        return self.step_seconds.get("resume", 0.0)
 
 
 class _Clock:
@@ -217,8 +215,7 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
     clock.lap("commit")
     at_point(UpdatePoint.AFTER_COMMIT)
     finalized = finalize_and_resume_engines(engines, committed.version, epoch, deadline)  # 5
-    clock.seconds.update(stamp=finalized.stamp_s, resume=finalized.resume_s)
-    clock.lap("finalize")
+    clock.lap("stamp")  # stamp and resume: one round trip per engine
     if finalized.failed:
         logger.warning("cell %s: engines not stamped with v%d: %s", records.cell_id,
                        committed.version, finalized.failed)
@@ -226,6 +223,5 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
     records.engines_stamped(committed.version, epoch, finalized.stamped_engine_ids,
                             engine_nodes(engines))  # 6
     clock.lap("stamped")
-    del clock.seconds["finalize"]  # stamp + resume, already counted
     return UpdateReport(committed, checksum, finalized.stamped_engine_ids, finalized.failed,
                         clock.seconds)

@@ -7,11 +7,11 @@ steps (1, 4, 6) are not here:
 2. :func:`request_engine_pause` / :func:`await_engine_pause`: every engine adopts epoch ``e``
    and pauses (sent before step 3a, awaited after it).
 3a. :func:`stage_weights`: checksum the tensors and, for actor engines, put them in the object
-   store once (or share them by CUDA IPC, :func:`actors.weight_paths.select_weight_path`).
+   store once, packed into one buffer (or share them by CUDA IPC, :func:`actors.weight_paths.select_weight_path`).
 3b. :func:`send_staged_weights` / :func:`await_loaded`: every engine loads them; every engine's
    checksum of what it received must equal the sender's.
 5. :func:`finalize_and_resume_engines`: stamp every engine with the committed version, then
-   resume it.
+   resume it (one ``stamp_and_resume`` call per engine).
 
 Two transports (:class:`actors.transport.Transport`): ``full`` moves every tensor of the
 policy, ``lora`` only the LoRA adapter tensors; the engines' frozen base is never touched.
@@ -46,6 +46,7 @@ from torch import nn
 
 from actors.errors import EngineSilentError, StaleEpochError, TransferError
 from actors.policies.policy import adapter_state_dict, tensor_state_dict
+from actors.publishing.packed import pack_tensors
 from actors.transport import TRANSPORTS, Transport
 from actors.weight_paths import CUDA_IPC, OBJECT_STORE, share_cuda_tensors
 
@@ -75,7 +76,8 @@ def tensors_checksum(tensors: dict[str, torch.Tensor]) -> str:
     for name in sorted(tensors):
         tensor = tensors[name].detach().cpu().contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        if tensor.numel():  # reshape first: a 0-d tensor has no byte view of its own
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
     return digest.hexdigest()
 
 
@@ -257,7 +259,9 @@ def stage_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor],
     if any(isinstance(engine, ActorHandle) for engine in engines):
         on_cpu = {name: tensor if tensor.device.type == "cpu" else tensor.to("cpu")
                   for name, tensor in tensors.items()}
-        payload = ray.put(on_cpu)  # one copy in the object store, shared by every engine
+        # One packed buffer in the object store, shared by every engine (not one pickled
+        # tensor at a time: actors.publishing.packed says why).
+        payload = ray.put(pack_tensors(on_cpu))
     return StagedWeights(checksum, payload)
 
 
@@ -319,52 +323,44 @@ def transfer_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor], e
 @dataclass
 class FinalizeReport:
     """Which engines were stamped and resumed, and which failed (engine index -> error), and
-    how long the two halves took (``stamp_s``, ``resume_s``: wall seconds, all engines)."""
+    how long it took (``stamp_s``: wall seconds of the one stamp-and-resume round, all
+    engines)."""
 
     version: int
     stamped_engine_ids: list[str] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)
     stamp_s: float = 0.0
-    resume_s: float = 0.0
 
 
 def finalize_and_resume_engines(engines: Sequence[Any], version: int, epoch: int,
                                 deadline: EngineDeadline = NO_DEADLINE) -> FinalizeReport:
-    """Step 5, for every transport: stamp every engine with ``version``, then resume it.
+    """Step 5, for every transport: stamp every engine with ``version``, then resume it, in
+    one call per engine (``stamp_and_resume``: the engine resumes only once its stamp is
+    accepted, so no engine serves new weights under an old label).
 
     Precondition: ``version`` was committed by the ledger for the caller's cell at ``epoch``,
     and the engines hold the weights of that commit. Every engine is attempted: one dead
-    engine does not keep the others paused. Only engines that accepted the stamp are resumed,
-    so no engine serves new weights under an old label. An engine silent past ``deadline`` is
-    reported failed (:class:`EngineSilentError`), like a dead one: the control plane's probe
-    replaces it before the next step.
+    engine does not keep the others paused. An engine silent past ``deadline`` is reported
+    failed (:class:`EngineSilentError`), like a dead one: the control plane's probe replaces
+    it before the next step. An engine that was stamped but could not resume is reported both
+    stamped and failed.
 
     Raises:
         StaleEpochError: an engine has seen a newer epoch (the caller is fenced; engines that
             were stamped are still resumed by the newer publisher, not here).
     """
     started = time.perf_counter()
-    results = _call_all(engines, lambda engine: engine.update_weight_version,
-                        "update_weight_version", deadline, version, epoch)
+    results = _call_all(engines, lambda engine: engine.stamp_and_resume,
+                        "stamp_and_resume", deadline, version, epoch)
     for result in results:
         if isinstance(result, StaleEpochError):
             raise result
     report = FinalizeReport(version=version, stamp_s=time.perf_counter() - started)
-    stamped: list[int] = []
     for index, result in enumerate(results):
         if isinstance(result, BaseException):
             report.failed[index] = f"{type(result).__name__}: {result}"
-        else:
-            report.stamped_engine_ids.append(str(result))
-            stamped.append(index)
-    started = time.perf_counter()
-    resumed = _call_all([engines[i] for i in stamped],
-                        lambda engine: engine.continue_generation, "continue_generation",
-                        deadline, epoch, engine_indices=stamped)
-    report.resume_s = time.perf_counter() - started
-    for index, result in zip(stamped, resumed):
-        if isinstance(result, StaleEpochError):
-            raise result
-        if isinstance(result, BaseException):
-            report.failed[index] = f"resume: {type(result).__name__}: {result}"
+            continue
+        report.stamped_engine_ids.append(str(result["engine_id"]))
+        if result.get("resume_error"):
+            report.failed[index] = f"resume: {result['resume_error']}"
     return report

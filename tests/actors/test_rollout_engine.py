@@ -14,6 +14,7 @@ from actors.policies.policy import PolicyConfig, build_policy
 from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
 from actors.publishing.weight_sync import collect_weights
+from orchestrator.rollout.errors import VersionLabelError
 from orchestrator.rollout.types import SampleStatus
 from tests.waiting import wait_until
 
@@ -91,6 +92,7 @@ def test_engine_refuses_weights_and_stamps_from_a_lower_epoch(ray_cluster) -> No
         lambda: engine.load_weights.remote(new_weights, 1, "full"),
         lambda: engine.update_weight_version.remote(9, 1),
         lambda: engine.continue_generation.remote(1),
+        lambda: engine.stamp_and_resume.remote(9, 1),
     ):
         with pytest.raises(StaleEpochError) as raised:
             ray.get(call())
@@ -98,7 +100,8 @@ def test_engine_refuses_weights_and_stamps_from_a_lower_epoch(ray_cluster) -> No
 
     after = ray.get(engine.health.remote())
     assert [e.operation for e in refused] == [
-        "begin_update", "load_weights", "update_weight_version", "continue_generation"
+        "begin_update", "load_weights", "update_weight_version", "continue_generation",
+        "update_weight_version",  # stamp_and_resume: refused at its stamp, not resumed
     ]
     assert all(e.epoch == 1 and e.highest_epoch == 2 for e in refused)
     assert ray.get(engine.weights_checksum.remote()) == checksum_before
@@ -106,6 +109,32 @@ def test_engine_refuses_weights_and_stamps_from_a_lower_epoch(ray_cluster) -> No
         before["version"], before["epoch"], before["paused"], before["weight_loads"]
     ) == (4, 2, True, 0)
     ray.kill(engine)
+
+
+def test_stamp_and_resume_labels_then_serves_in_one_call() -> None:
+    engine = RolloutEngine("engine-0", "torch", CONFIG, seed=0, task=TASK)
+    engine.begin_update(3)
+
+    answer = engine.stamp_and_resume(5, 3)
+
+    health = engine.health()
+    assert answer == {"engine_id": "engine-0", "resume_error": None}
+    assert (health["version"], health["epoch"], health["paused"]) == (5, 3, False)
+    samples = engine.generate(TASK.make_prompt(1), 2, 1)
+    assert all(s.weight_versions == [5] for s in samples)
+
+
+def test_a_refused_stamp_leaves_the_engine_paused_with_its_label() -> None:
+    engine = RolloutEngine("engine-0", "torch", CONFIG, seed=0, task=TASK)
+    engine.begin_update(3)
+    engine.stamp_and_resume(5, 3)
+    engine.begin_update(3)
+
+    with pytest.raises(VersionLabelError):
+        engine.stamp_and_resume(-1, 3)
+
+    health = engine.health()
+    assert (health["version"], health["paused"]) == (5, True)
 
 
 @pytest.mark.ray

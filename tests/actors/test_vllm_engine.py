@@ -249,7 +249,8 @@ def test_a_stale_epoch_is_refused_and_changes_nothing(engine, model_dir):
     for call in (engine.begin_update.remote(epoch - 1),
                  engine.load_weights.remote(tensors, epoch - 1),
                  engine.update_weight_version.remote(before["version"] + 1, epoch - 1),
-                 engine.continue_generation.remote(epoch - 1)):
+                 engine.continue_generation.remote(epoch - 1),
+                 engine.stamp_and_resume.remote(before["version"] + 1, epoch - 1)):
         with pytest.raises(StaleEpochError):
             ray.get(call)
     with pytest.raises(EngineStateError):  # weights only into a paused engine

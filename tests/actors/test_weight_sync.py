@@ -120,7 +120,7 @@ def test_finalize_stamps_the_living_and_resumes_them_despite_a_dead_one() -> Non
     alive = [RolloutEngine(f"engine-{i}", "torch", config, 0, TASK) for i in range(2)]
 
     class DeadEngine:
-        def update_weight_version(self, version: int, epoch: int) -> str:
+        def stamp_and_resume(self, version: int, epoch: int) -> dict[str, str | None]:
             raise ConnectionError("actor died")
 
     for engine in alive:
