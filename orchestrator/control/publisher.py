@@ -10,7 +10,8 @@ A weight update (DESIGN section 5) walks, with direct method calls:
    actors/publishing/weight_sync.py), ``commit_weights`` (ledger write 2), the one
    ``finalize_and_resume_engines(v, e)``, ``engines_stamped`` (ledger write 3).
 3. Back here: restarted engines are handed to the rollout manager (they now hold ``v``) and
-   ``v`` is pushed to the manager; ``v`` is returned to the driver, which passes it on.
+   ``v`` is pushed to the manager without waiting (its answer is checked at the step
+   boundary, ``Supervisor.end_step``); ``v`` is returned to the driver, which passes it on.
 
 A failed attempt is sorted out and the update is made again under
 :meth:`FailurePolicy.run`: a dead engine is restarted (nothing was committed), a lost
@@ -49,7 +50,7 @@ logger = logging.getLogger(__name__)
 class PublishOutcome:
     """What one publish did: the committed version, who published it under which epoch, and
     the wall seconds of each step of the sequence (``UpdateReport.step_seconds``: started,
-    stage, pause, load, commit, stamp, resume, stamped) plus ``hand_over`` (the version push
+    stage, pause, load, commit, stamp (and resume), stamped) plus ``hand_over`` (the version push
     to the rollout manager)."""
 
     version: int
@@ -97,7 +98,8 @@ class Publisher:
 
         Precondition: the cells are started and a publisher was promoted. Retries under the
         failure policy (see the module docstring). Afterwards the restarted engines serve and
-        the rollout manager knows the version.
+        the version push to the rollout manager is sent (its answer is checked at the step
+        boundary).
 
         Raises:
             StepFailedError: ``max_attempts`` attempts failed.
@@ -109,7 +111,7 @@ class Publisher:
             watch = self._manager
             self._engines.hand_over(lambda engine_id, handle: watch.call(
                 lambda manager: manager.replace_engine.remote(engine_id, handle)))
-            watch.call(lambda manager: manager.set_weight_version.remote(outcome.version))
+            watch.push_version(outcome.version)  # answered by the step boundary
             outcome.step_seconds["hand_over"] = time.perf_counter() - started
         return outcome
 

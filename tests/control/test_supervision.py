@@ -103,8 +103,8 @@ def test_a_frozen_engine_is_replaced_at_the_step_boundary_and_gets_the_next_upda
     assert publisher.publish_weights().version == 2
     assert not supervisor.engines_awaiting_weights  # handed over to the manager
     assert ray.get(supervisor.engines["engine-0"].health.remote())["version"] == 2
+    assert supervisor.end_step() == []  # no cell was lost; the version push was answered
     assert ray.get(supervisor.manager.get_weight_version.remote()) == 2
-    assert supervisor.end_step() == []  # no cell was lost
 
 
 def test_an_engine_frozen_before_a_weight_update_is_replaced_and_the_update_published(
@@ -286,3 +286,30 @@ def test_losing_every_cell_before_any_checkpoint_ends_the_step_with_a_typed_erro
 
     with pytest.raises(NoCellAliveError, match="no checkpoint to restore them from"):
         supervisor.train_step(batch.samples)
+
+
+def test_an_update_does_not_wait_for_a_frozen_manager_and_the_step_boundary_replaces_it(
+        ledger: Ledger, sqlite_url: str, tmp_path):
+    """The version push is sent, not awaited: a publish completes while the manager is
+    stopped, and the step boundary, which checks the push, replaces the silent manager; the
+    replacement starts at the ledger head, the version just published."""
+    policy = dataclasses.replace(POLICY, manager_call_timeout_s=8.0)
+    with started(ledger, sqlite_url, tmp_path, policy) as supervisor:
+        publisher = Publisher.of(supervisor)
+        old = supervisor.manager
+
+        with frozen(old):
+            assert publisher.publish_weights().version == 1
+            supervisor.end_step()
+
+        assert supervisor.counters.manager_replacements == 1
+        assert replacements(ledger) == [("rollout-manager", "rollout-manager", "frozen")]
+        assert ray.get(supervisor.manager.get_weight_version.remote(), timeout=30) == 1
+
+
+def test_a_version_push_the_manager_refuses_fails_the_step_boundary(supervisor: Supervisor):
+    supervisor.manager_watch.push_version(7)  # nobody committed version 7
+
+    with pytest.raises(ray.exceptions.RayTaskError, match="VersionAheadOfLedger"):
+        supervisor.end_step()
+    assert ray.get(supervisor.manager.get_weight_version.remote()) == 0

@@ -83,6 +83,7 @@ class ManagerWatch:
         # Per-manager counters restart with a replacement manager; the run's total does not.
         self._negative_staleness_carried = 0
         self._negative_staleness_current = 0
+        self._pending_push: tuple[Any, Any] | None = None  # (manager, its answer's ref)
 
     def start(self, *, restore: bool = False) -> None:
         """Create the rollout manager over the engines; ``restore``: it continues the prompt
@@ -164,6 +165,38 @@ class ManagerWatch:
         """Negative staleness values counted in this run, across rollout-manager replacements
         (DESIGN invariant 6: must stay 0)."""
         return self._negative_staleness_carried + self._negative_staleness_current
+
+    def push_version(self, version: int) -> None:
+        """Tell the manager ``version`` was committed, without waiting for its answer: the
+        weight update does not wait on a manager whose event loop is busy generating.
+        :meth:`settle_push` checks the answer at the step boundary (an earlier unsettled push
+        is settled first). The manager loses nothing meanwhile: it reads the ledger head at
+        the start of every drain, so its version never lags the ledger across a drain.
+        """
+        self.settle_push()
+        self._pending_push = (self.manager, self.manager.set_weight_version.remote(version))
+
+    def settle_push(self) -> None:
+        """Wait for the last :meth:`push_version`'s answer (bounded). A manager that died or
+        froze meanwhile is replaced (the new one starts at the ledger head, so the push is
+        not made again); a push to a manager replaced since is moot.
+
+        Raises:
+            RayTaskError: the manager refused the version (a regression, or ahead of the
+                ledger).
+            SupervisionLimitError: the restart budget is spent.
+        """
+        pending, self._pending_push = self._pending_push, None
+        if pending is None or pending[0] is not self.manager:
+            return
+        try:
+            ray.get(pending[1], timeout=self.policy.manager_call_timeout_s)
+        except (RayActorError, GetTimeoutError) as exc:
+            if isinstance(exc, RayTaskError):
+                raise
+            logger.warning("rollout manager lost (%s) after a version push; replacing it",
+                           type(exc).__name__)
+            self.replace("frozen" if isinstance(exc, GetTimeoutError) else "dead")
 
     def request_drain(self, step: int) -> Drain:
         """Ask the current manager for the batch of ``step``; :meth:`await_drain` waits."""

@@ -170,14 +170,17 @@ class Supervisor:
         return bool(self.engine_restarts.awaiting_weights)
 
     def end_step(self) -> list[str]:
-        """The step is recorded (its prompts are trained on record): let go of them and heal
-        lost cells. Returns the healed cell ids.
+        """The step is recorded (its prompts are trained on record): let go of them, check
+        the rollout manager took the step's version push, and heal lost cells. Returns the
+        healed cell ids.
 
         Raises:
             SupervisionLimitError: the restart budget is spent.
             NoCellAliveError: no survivor to copy state from.
+            RayTaskError: the manager refused the pushed version.
         """
         self.manager_watch.hold(())
+        self.manager_watch.settle_push()
         return self.failover.heal()
 
     # ------------------------------------------------------------------ asked by others
