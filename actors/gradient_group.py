@@ -34,11 +34,15 @@ import os
 import socket
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from actors.errors import CollectiveError
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where it is used: the driver imports this module for the gradient backend
+# rule at start-up, before it needs torch (for the store), and must not wait seconds for it.
 
 __all__ = ["GRADIENT_BACKENDS", "GradientGroup", "create_rendezvous_store", "gradient_backend",
            "local_address_towards", "routable_address"]
@@ -104,6 +108,7 @@ def _routable_gloo(timeout: timedelta, device_host: str | None) -> Any:
     the hostname's address; the override below is that same construction with an explicit
     device (``None``: torch's default, e.g. when ``GLOO_SOCKET_IFNAME`` is set).
     """
+    import torch
     from torch.distributed import ProcessGroup as BaseProcessGroup
     from torch.distributed import ProcessGroupGloo as BaseProcessGroupGloo
     from torchft.process_group import ProcessGroupGloo
@@ -198,6 +203,7 @@ class GradientGroup:
         """
         if self._group is None or self.world_size == 1:
             return
+        import torch
         from torch.distributed import AllreduceOptions, ReduceOp
 
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]

@@ -114,13 +114,15 @@ class CellGroup:
         self.wait_started()
 
     def create(self) -> None:
-        """Create ``num_cells`` cells without waiting for them (they load meanwhile)."""
+        """Create ``num_cells`` cells without waiting for them (they load meanwhile), then
+        host the store they rendezvous on (the first quorum needs it, their start does not:
+        the seconds this process may spend importing torch for it pass while they load)."""
         from actors.gradient_group import create_rendezvous_store
 
-        self._store, self._store_addr = create_rendezvous_store(self.config.rendezvous_host)
         for index in range(self.config.num_cells):
             cell_id = f"cell-{index}"
             self._cells[cell_id] = _Cell(cell_id, self._create_cell(self.config, cell_id))
+        self._store, self._store_addr = create_rendezvous_store(self.config.rendezvous_host)
 
     def wait_started(self) -> None:
         """Wait until each cell :meth:`create` made answers, and record it alive.
