@@ -52,6 +52,7 @@ def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
         LedgerError: the ledger cannot be opened (unreachable database, bad URL).
         StepFailedError, SupervisionLimitError: the run failed; ``run_failed`` is recorded.
     """
+    logger.info("start-up: run_job entered at %.3f", time.time())  # bench/startup.py reads it
     run_id = config.run_id or new_run_id()
     layout = RunLayout.of(options.runs_dir, run_id)
     if not options.resume and config.db is None and layout.ledger_path.exists():
@@ -67,21 +68,29 @@ def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
     config = config.model_copy(update={"run_id": run_id, "db": ledger_url})
     config = resolve_model(config, layout.run_dir)  # --engine vllm: the Llama every actor loads
     launch.check_cluster_ledger(config, ledger_url, options.ray_address)
-    ledger = Ledger.open(ledger_url)
+    # Every check that can refuse the run at once is done: torch (for the cells' rendezvous
+    # store) loads while the ledger opens and Ray starts.
+    preload = launch.preload_in_background("torch.distributed")
     try:
-        launch.init_ray(config, options.ray_address)
-        config = launch.resolve_devices(config)  # auto -> cuda/cpu, GPUs per actor (Ray's view)
-        job = TrainingJob(config, ledger, layout, options)
+        ledger = Ledger.open(ledger_url)
         try:
-            return job.run()
-        except Exception as exc:
-            if not isinstance(exc, StartupError):
-                job.record_failure(exc)
-            raise
+            logger.info("start-up: ray.init called at %.3f", time.time())
+            launch.init_ray(config, options.ray_address)
+            logger.info("start-up: ray.init returned at %.3f", time.time())
+            config = launch.resolve_devices(config)  # auto -> cuda/cpu, GPUs per actor
+            job = TrainingJob(config, ledger, layout, options)
+            try:
+                return job.run()
+            except Exception as exc:
+                if not isinstance(exc, StartupError):
+                    job.record_failure(exc)
+                raise
+            finally:
+                job.shutdown()
         finally:
-            job.shutdown()
+            ledger.close()
     finally:
-        ledger.close()
+        preload.join()
 
 
 class TrainingJob:
