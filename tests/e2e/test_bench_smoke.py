@@ -82,3 +82,12 @@ def test_campaign_stability_bench_prints_each_learning_rate() -> None:
 
     assert "| 0.003 | 1 |" in out and "| 0.001 | 1 |" in out, out
     assert "| 1 | 0.003 |" in out and "| 1 | 0.001 |" in out, out
+
+
+@pytest.mark.slow  # starts the default job (a local Ray cluster) once
+def test_startup_bench_prints_the_default_jobs_phases() -> None:
+    out = run_quick("startup.py", timeout=600)
+
+    assert "| variant | runs | launch -> step 1 |" in out, out
+    row = next(line for line in out.splitlines() if line.startswith("| builtin | 1 |"))
+    assert "| - |" not in row, out  # every phase measured, the driver's marks included
