@@ -17,7 +17,7 @@ from actors.policies.policy import PolicyConfig
 from actors.publishing.sequence import FaultAction, UpdateFaults, UpdatePoint
 from actors.task import TOKENIZER, AdditionTask
 from actors.train_cell import TrainCell
-from ledger import EventKind, Ledger
+from ledger import EventKind, FencedError, Ledger
 
 TASK = AdditionTask(seed=0)
 CONFIG = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
@@ -90,6 +90,22 @@ def test_a_failure_before_the_load_records_an_abort_and_commits_nothing(publishi
     assert engine.weights_checksum() == initial  # nothing loaded
     assert cell.update_weights([engine], epoch).version == 1  # the retry publishes
     assert ledger.verify(RUN).ok
+
+
+def test_a_fenced_publisher_stages_but_never_pauses_an_engine(publishing) -> None:
+    """Step 1 is recorded on a helper thread while the cell stages; the pause is sent only
+    after it, so a superseded cell leaves the engines serving and records nothing."""
+    ledger, epoch, cell, engine = publishing
+    newer = ledger.promote(RUN, "cell-1", reason="failover")
+    events_before = len(_kinds(ledger))
+
+    with pytest.raises(FencedError):
+        cell.update_weights([engine], epoch)
+
+    health = engine.health()
+    assert (health["paused"], health["epoch"]) == (False, 0)  # never asked to pause
+    assert len(_kinds(ledger)) == events_before  # nothing recorded
+    assert ledger.head(RUN).epoch == newer
 
 
 def test_a_failure_after_the_commit_leaves_an_unstamped_version_and_the_next_is_head_plus_one(
