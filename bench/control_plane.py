@@ -38,6 +38,7 @@ ROWS: list[tuple[str, str, float]] = [
     ("step (ms)", "step_s", 1000),
     ("control plane (ms)", "time/control_plane_s", 1000),
     ("drain wait (ms)", "time/drain_wait_s", 1000),
+    ("begin step: heartbeat, probe (ms)", "time/begin_step_s", 1000),
     ("train (ms)", "time/train_s", 1000),
     ("weight update (ms)", "time/update_weights_s", 1000),
     *[(f"  update: {name} (ms)", f"time/update/{name}_s", 1000)

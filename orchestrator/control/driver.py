@@ -221,7 +221,8 @@ class TrainingJob:
                 batch = self._drain(next_drain or supervisor.request_drain(step))
                 next_drain = self._prefetch(step + 1)
 
-            supervisor.begin_step(batch)
+            with phases.timed("begin_step"):  # the cells' heartbeat, the engine probe sent
+                supervisor.begin_step(batch)
             with phases.timed("train"):
                 train_metrics = self.train_step(step, batch)
 
