@@ -6,13 +6,11 @@ benchmarks alike.
 section 5 with the same numbers:
 
 1. record ``weight_update_started`` (fenced by the ledger);
-2. pause every engine at ``e`` (engines refuse a lower epoch); sent once 1 is recorded,
-   awaited after 3a, so engines finish their decode step in progress while the cell stages;
+2. pause every engine at ``e`` (engines refuse a lower epoch); sent now, awaited after 3a, so
+   engines finish their decode step in progress while the cell stages;
 3. stage and transfer: (3a) stage the weights (copy, checksum, one object-store copy or CUDA
-   IPC handles), on this thread while another records 1 and sends 2 (staging is local to
-   the cell, so nothing leaves it before 1 is recorded); (3b) load them into every engine
-   (full parameters, or only LoRA adapter tensors), every engine's checksum of what it
-   received checked; no label changes;
+   IPC handles); (3b) load them into every engine (full parameters, or only LoRA adapter
+   tensors), every engine's checksum of what it received checked; no label changes;
 4. commit: ``v = commit_weights(...)`` (fenced, idempotent per cell/epoch/step/checksum);
 5. finalize: the one ``finalize_and_resume_engines(v, e)`` stamps every engine with ``v``,
    then resumes it;
@@ -37,7 +35,6 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -47,7 +44,6 @@ from actors.publishing.records import PublisherRecords
 from actors.transport import Transport
 from actors.publishing.weight_sync import (
     EngineDeadline,
-    PendingCalls,
     StagedWeights,
     await_engine_pause,
     await_loaded,
@@ -65,8 +61,8 @@ logger = logging.getLogger(__name__)
 class UpdatePoint(StrEnum):
     """The named points of the sequence, in the order it passes them (after the step named)."""
 
-    AFTER_STARTED = "after-started"  # 1 recorded, the pause (2) sent, 3a staged
-    AFTER_STAGE = "after-stage"  # the same place: engines may still be draining their step
+    AFTER_STARTED = "after-started"  # 1 recorded; the pause (2) is being sent
+    AFTER_STAGE = "after-stage"  # 3a staged; engines may still be draining their step
     AFTER_PAUSE = "after-pause"  # 2 awaited: no engine computes
     MID_TRANSFER = "mid-transfer"  # 3b sent to every engine, not yet acknowledged
     AFTER_TRANSFER = "after-transfer"  # 3b every engine loaded; nothing committed
@@ -123,9 +119,8 @@ def _no_fault(point: UpdatePoint) -> None:
 @dataclass
 class UpdateReport:
     """What one update did: the committed head, which engines were stamped and resumed, which
-    failed (engine index -> error), and each step's wall seconds (``step_seconds``: started
-    and stage, which overlap; pause (the wait after staging, for step 1 if it is still being
-    recorded, then for the engines); load, commit, stamp (stamp and resume, one call per
+    failed (engine index -> error), and each step's wall seconds (``step_seconds``: started,
+    stage, pause (the wait after staging), load, commit, stamp (stamp and resume, one call per
     engine), stamped).
 
     ``committed`` is the head the commit made: ``version`` v, ``epoch`` e, this cell, and the
@@ -167,18 +162,6 @@ class _Clock:
         self._last = now
 
 
-def _record_started_then_pause(records: PublisherRecords, engines: Sequence[Any], epoch: int,
-                               train_step: int, transport: Transport
-                               ) -> tuple[PendingCalls, float]:
-    """Steps 1 and 2 (sent): record ``weight_update_started``, then ask every engine to pause;
-    returns the pending pause calls and the seconds step 1 took. Nothing is sent to an engine
-    unless step 1 was recorded (a fenced cell raises first)."""
-    started = time.perf_counter()
-    records.update_started(epoch, train_step, transport)  # 1
-    recorded_s = time.perf_counter() - started
-    return request_engine_pause(engines, epoch), recorded_s  # 2 (sent)
-
-
 def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int, *,
                    train_step: int, transport: Transport, adapter: str | None,
                    stage: Callable[[Sequence[Any]], StagedWeights],
@@ -208,17 +191,12 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
     clock = _Clock()
     deadline = EngineDeadline.after(engine_timeout_s)
     try:
-        # 1 and 2 on a helper thread while this one stages (3a): staging touches nothing
-        # outside this process, and the ledger write is mostly waiting on the database.
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="update-started") as pool:
-            recording = pool.submit(_record_started_then_pause, records, engines, epoch,
-                                    train_step, transport)
-            try:
-                staged = stage(engines)  # 3a
-            finally:
-                clock.lap("stage")  # overlapped with "started"
-                pausing, clock.seconds["started"] = recording.result()
+        records.update_started(epoch, train_step, transport)  # 1
+        clock.lap("started")
+        pausing = request_engine_pause(engines, epoch)  # 2 (sent)
         at_point(UpdatePoint.AFTER_STARTED)
+        staged = stage(engines)  # 3a
+        clock.lap("stage")
         at_point(UpdatePoint.AFTER_STAGE)
         await_engine_pause(pausing, deadline)  # 2 (awaited)
         clock.lap("pause")

@@ -92,9 +92,9 @@ def test_a_failure_before_the_load_records_an_abort_and_commits_nothing(publishi
     assert ledger.verify(RUN).ok
 
 
-def test_a_fenced_publisher_stages_but_never_pauses_an_engine(publishing) -> None:
-    """Step 1 is recorded on a helper thread while the cell stages; the pause is sent only
-    after it, so a superseded cell leaves the engines serving and records nothing."""
+def test_a_fenced_publisher_never_pauses_an_engine(publishing) -> None:
+    """The pause is sent only after step 1 is recorded, so a superseded cell leaves the
+    engines serving and records nothing."""
     ledger, epoch, cell, engine = publishing
     newer = ledger.promote(RUN, "cell-1", reason="failover")
     events_before = len(_kinds(ledger))
