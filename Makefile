@@ -84,6 +84,7 @@ bench: install
 	$(BIN)/python bench/weight_update.py $(ARGS)
 	$(BIN)/python bench/async_vs_sync.py $(ARGS)
 	$(BIN)/python bench/control_plane.py $(ARGS)
+	$(BIN)/python bench/startup.py $(ARGS)
 	$(BIN)/python bench/time_to_reward.py $(ARGS)
 	$(BIN)/python bench/failover.py --repeat 3
 	@if $(BIN)/python -c "import trl, vllm" 2>/dev/null; then $(BIN)/python bench/vs_peer.py $(ARGS); \
