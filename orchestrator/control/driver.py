@@ -13,6 +13,7 @@ published, and the producer runs only while a drain waits: the comparison baseli
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -71,26 +72,22 @@ def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
     # Every check that can refuse the run at once is done: torch (for the cells' rendezvous
     # store) loads while the ledger opens and Ray starts.
     preload = launch.preload_in_background("torch.distributed")
-    try:
+    with contextlib.ExitStack() as cleanup:  # undone in reverse: job, ledger, preload
+        cleanup.callback(preload.join)
         ledger = Ledger.open(ledger_url)
+        cleanup.callback(ledger.close)
+        logger.info("start-up: ray.init called at %.3f", time.time())
+        launch.init_ray(config, options.ray_address)
+        logger.info("start-up: ray.init returned at %.3f", time.time())
+        config = launch.resolve_devices(config)  # auto -> cuda/cpu, GPUs per actor
+        job = TrainingJob(config, ledger, layout, options)
+        cleanup.callback(job.shutdown)
         try:
-            logger.info("start-up: ray.init called at %.3f", time.time())
-            launch.init_ray(config, options.ray_address)
-            logger.info("start-up: ray.init returned at %.3f", time.time())
-            config = launch.resolve_devices(config)  # auto -> cuda/cpu, GPUs per actor
-            job = TrainingJob(config, ledger, layout, options)
-            try:
-                return job.run()
-            except Exception as exc:
-                if not isinstance(exc, StartupError):
-                    job.record_failure(exc)
-                raise
-            finally:
-                job.shutdown()
-        finally:
-            ledger.close()
-    finally:
-        preload.join()
+            return job.run()
+        except Exception as exc:
+            if not isinstance(exc, StartupError):
+                job.record_failure(exc)
+            raise
 
 
 class TrainingJob:
