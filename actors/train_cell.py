@@ -58,7 +58,7 @@ from actors.grpo import GRPOConfig, build_train_batch, grpo_loss
 from actors.policies.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
 from actors.publishing.records import PublisherRecords
 from actors.task import TOKENIZER
-from actors.transport import Transport, is_lora_tensor
+from actors.transport import Transport, WeightSwap, is_lora_tensor
 from actors.weight_paths import OBJECT_STORE, EngineDevices, local_device_info, select_weight_path
 from actors.publishing.weight_sync import StagedWeights, collect_weights, stage_weights, tensors_checksum
 from actors.publishing.sequence import FaultAction, UpdateFaults, UpdatePoint, UpdateReport
@@ -244,7 +244,8 @@ class TrainCell:
         return self._faults.armed()
 
     def update_weights(self, engines: Sequence[Any], epoch: int,
-                       engine_timeout_s: float | None = None) -> UpdateReport:
+                       engine_timeout_s: float | None = None,
+                       swap: str = WeightSwap.PAUSE) -> UpdateReport:
         """Publish this cell's weights as the next version: THE sequence
         (:func:`actors.publishing.sequence.update_weights`, steps 1-6 in the module docstring).
 
@@ -254,7 +255,8 @@ class TrainCell:
         (best effort) and the engines stay paused for the next attempt. Retrying the whole
         call is safe (every event is idempotent). ``engine_timeout_s`` bounds every wait on
         the engines (the control plane passes its failure policy's
-        ``engine_call_timeout_s``).
+        ``engine_call_timeout_s``). ``swap``: ``pause`` the engines for the update, or let
+        them take it ``in-flight`` (:class:`~actors.transport.WeightSwap`).
 
         Raises:
             ledger.FencedError: this cell was superseded; nothing more is written.
@@ -269,7 +271,7 @@ class TrainCell:
             self.records, engines, epoch, train_step=self.train_step_count,
             transport=self.transport, adapter=adapter, stage=self.stage,
             engine_nodes=self._engine_nodes.of, at_point=self._faults,
-            engine_timeout_s=engine_timeout_s)
+            engine_timeout_s=engine_timeout_s, swap=WeightSwap(swap))
         self.weight_version = report.version
         return report
 

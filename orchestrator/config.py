@@ -114,6 +114,13 @@ class RunConfig(DeviceOptions, TaskOptions):
                     "token stamped with its version; off: the update aborts them (pause mode "
                     "abort) and they are regenerated",
     )
+    weight_swap: Literal["pause", "in-flight"] = Field(
+        default="in-flight",
+        description="how engines take a weight update: in-flight (PipelineRL's in-flight "
+                    "updates): they receive the weights while they generate and swap them in "
+                    "at their next token boundary after the ledger's commit; pause: they stop "
+                    "for the whole transfer and commit",
+    )
     max_partial_span: int | None = Field(
         default=None, ge=0,
         description="recycle (retry) or drop a group with a sample whose tokens span more "

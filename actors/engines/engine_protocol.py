@@ -50,6 +50,14 @@ In both modes ``begin_update`` returns only when no call is computing a token (a
 have returned, in-place calls are parked), so ``load_weights`` never changes weights under a
 running forward pass; new calls wait while the engine is paused.
 
+In flight (``--weight-swap in-flight``, PipelineRL's in-flight updates) the publisher calls
+:meth:`stage_weights` (``e``) instead of ``begin_update`` and ``load_weights``: the engine
+checks the weights and holds them beside the serving ones while it keeps generating under the
+old weights and label. After the commit, :meth:`swap_and_stamp` (``v``, ``e``) pauses at the
+next token boundary (per the pause mode, exactly as ``begin_update`` would), loads the weights
+staged at ``e``, stamps ``v`` and resumes, in one call. A swap without weights staged at its
+epoch is refused and changes nothing; a newer stage replaces an older one.
+
 Retry safety: ``begin_update`` twice is harmless; ``load_weights`` again overwrites with the
 same tensors; ``update_weight_version`` with the same ``(v, e)`` is a no-op; ``continue_generation``
 on a running engine is a no-op.
@@ -154,6 +162,30 @@ class RolloutEngineProtocol(Protocol):
         Raises:
             StaleEpochError: ``epoch`` is below the highest seen; nothing changes.
             VersionLabelError: ``version`` is not an int >= 0; nothing changes.
+        """
+        ...
+
+    def stage_weights(self, tensors: dict[str, Any], epoch: int,
+                      transport: str = "full") -> str:
+        """Receive the next weights (all, or LoRA adapters only) beside the serving ones,
+        without pausing; returns the sha256 of what was received. Nothing serves them until
+        :meth:`swap_and_stamp`.
+
+        Raises:
+            StaleEpochError: ``epoch`` is below the highest seen; nothing changes.
+            PolicyError: names or shapes do not match; nothing changes.
+            ValueError: unknown transport.
+        """
+        ...
+
+    def swap_and_stamp(self, version: int, epoch: int) -> dict[str, Any]:
+        """At the next token boundary, load the weights staged at ``epoch``, stamp them
+        ``version`` and resume; returns what :meth:`stamp_and_resume` returns.
+
+        Raises:
+            StaleEpochError: ``epoch`` is below the highest seen; nothing changes.
+            VersionLabelError: ``version`` is not an int >= 0; nothing changes.
+            EngineStateError: nothing staged at ``epoch``; nothing changes.
         """
         ...
 

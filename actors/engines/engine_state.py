@@ -9,6 +9,9 @@ Rules (DESIGN sections 3 and 5, :mod:`actors.engines.engine_protocol`):
   the engines fence the tensors.
 - ``paused``: set by a weight update's pause, cleared by ``continue_generation``;
   ``paused_since`` lets a parked call give up after the engine's paused-wait timeout.
+- ``staged``: the weights an in-flight update received (:class:`StagedUpdate`), held beside
+  the serving ones until the swap at the committed version takes them, or a newer stage
+  replaces them. Staging never pauses and never changes the label.
 
 Not thread-safe by itself: callers hold :attr:`EngineState.lock` (a condition, notified on
 every change a waiter may care about).
@@ -19,12 +22,25 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from actors.errors import EngineStateError, StaleEpochError
 from orchestrator.rollout.types import check_weight_version
 
-__all__ = ["EngineState"]
+__all__ = ["EngineState", "StagedUpdate"]
+
+
+@dataclass(frozen=True)
+class StagedUpdate:
+    """Weights received by an in-flight update, not yet serving: what the engine loads at the
+    swap (its own form: tensors for the built-in engine), the transport, the publisher's epoch
+    and the checksum of what was received."""
+
+    weights: Any
+    transport: str
+    epoch: int
+    checksum: str
 
 
 class EngineState:
@@ -39,7 +55,9 @@ class EngineState:
         self.updating = False
         self.in_flight = 0
         self.paused_since: float | None = None
-        self.counters = {"generate_calls": 0, "aborted_calls": 0, "weight_loads": 0}
+        self.staged: StagedUpdate | None = None
+        self.counters = {"generate_calls": 0, "aborted_calls": 0, "weight_loads": 0,
+                         "weight_stages": 0, "weight_swaps": 0}
 
     def check_epoch(self, operation: str, epoch: int) -> None:
         """Adopt ``epoch`` if it is not below the highest seen.
@@ -63,6 +81,42 @@ class EngineState:
         checked = check_weight_version(version)
         self.epoch = epoch
         self.version = checked
+
+    def stage(self, update: StagedUpdate) -> None:
+        """Hold ``update`` for the swap, replacing anything staged before.
+
+        Raises:
+            StaleEpochError: its epoch is lower than the highest seen; nothing changes.
+        """
+        self.check_epoch("stage_weights", update.epoch)
+        self.staged = update
+        self.counters["weight_stages"] += 1
+
+    def check_swap(self, version: object, epoch: int) -> StagedUpdate:
+        """The staged update a swap to ``version`` at ``epoch`` takes; checks everything the
+        swap needs before the engine pauses for it. Changes nothing.
+
+        Raises:
+            StaleEpochError: ``epoch`` is lower than the highest seen.
+            VersionLabelError: ``version`` is not an int >= 0.
+            EngineStateError: nothing was staged at ``epoch`` (a swap never loads weights of
+                another publisher, nor the same weights twice).
+        """
+        if epoch < self.epoch:
+            raise StaleEpochError(self.engine_id, "swap_and_stamp", epoch, self.epoch)
+        check_weight_version(version)
+        if self.staged is None or self.staged.epoch != epoch:
+            raise EngineStateError(
+                f"engine {self.engine_id} has no weights staged at epoch {epoch} to swap in")
+        return self.staged
+
+    def swapped(self, version: int, epoch: int) -> None:
+        """After the staged weights were loaded: stamp ``version`` and drop the staged copy
+        (the caller resumes)."""
+        self.stamp(version, epoch)
+        self.staged = None
+        self.counters["weight_loads"] += 1
+        self.counters["weight_swaps"] += 1
 
     def pause(self) -> None:
         """Mark the engine paused (the caller stops generation)."""

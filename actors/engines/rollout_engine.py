@@ -26,6 +26,11 @@ with the vLLM engine):
   new weights when resumed (``in_place``; parked longer than ``paused_wait_timeout_s``, they
   come back ABORTED with what they generated).
 
+An in-flight update (``--weight-swap in-flight``) never stops the engine for the transfer:
+:meth:`stage_weights` receives the next weights beside the serving ones while generation goes
+on, and :meth:`swap_and_stamp`, after the ledger's commit, takes them at the next token
+boundary of every call (a pause that lasts one in-memory copy), stamps and resumes.
+
 A decode step extends a key/value cache (:mod:`actors.engines.decoding`); a parked call starts
 a new one, so tokens after an update are computed wholly by the new weights, their log-probs
 exactly the new policy's.
@@ -44,11 +49,17 @@ import torch
 from actors.device import select_device, torch_dtype
 from actors.engines.decoding import StepDecoder
 from actors.engines.engine_protocol import pause_mode
-from actors.engines.engine_state import EngineState
+from actors.engines.engine_state import EngineState, StagedUpdate
 from actors.engines.group_batches import GroupBatches
 from actors.engines.sampling import Decoding, SamplingParams, build_samples, top_p_filter
 from actors.errors import EngineStateError
-from actors.policies.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
+from actors.policies.policy import (
+    PolicyConfig,
+    build_policy,
+    check_tensors,
+    load_tensors,
+    tensor_state_dict,
+)
 from actors.task import AdditionTask
 from actors.transport import Transport, is_lora_tensor
 from actors.weight_paths import open_weights
@@ -320,6 +331,55 @@ class RolloutEngine:
             load_tensors(self.model, tensors, adapters_only=transport is Transport.LORA)
             self.state.counters["weight_loads"] += 1
             return tensors_checksum(tensors)
+
+    @ray.method(concurrency_group=CONTROL)
+    def stage_weights(self, tensors: dict[str, torch.Tensor], epoch: int,
+                      transport: str = "full") -> str:
+        """In-flight step 3b: receive the next weights beside the serving ones, without
+        pausing; returns their checksum as received. Generation goes on under the loaded
+        weights and their label until :meth:`swap_and_stamp`. A newer stage replaces this one.
+
+        Raises:
+            StaleEpochError: ``epoch`` is lower than the highest seen; nothing changes.
+            PolicyError: the tensors do not match the model; nothing changes.
+            ValueError: unknown transport.
+        """
+        transport = Transport.parse(transport)
+        tensors = open_weights(tensors)
+        check_tensors(self.model, tensors, adapters_only=transport is Transport.LORA)
+        checksum = tensors_checksum(tensors)
+        with self.state.lock:
+            self.state.stage(StagedUpdate(tensors, str(transport), epoch, checksum))
+        return checksum
+
+    @ray.method(concurrency_group=CONTROL)
+    def swap_and_stamp(self, version: int, epoch: int) -> dict[str, Any]:
+        """In-flight step 5: at the next token boundary of every call, load the weights staged
+        at ``epoch``, stamp them ``version`` and resume, under one lock. Calls in flight stop
+        for that copy only: in ``in_place`` mode they continue under the new weights (their
+        later tokens carry ``version``, their key/value caches are rebuilt), in ``abort`` mode
+        they come back ABORTED. Returns what :meth:`stamp_and_resume` returns.
+
+        Raises:
+            StaleEpochError: ``epoch`` is lower than the highest seen; nothing changes.
+            VersionLabelError: ``version`` is not a non-negative int; nothing changes.
+            EngineStateError: nothing was staged at ``epoch``; nothing changes.
+        """
+        with self.state.lock:
+            self.state.check_swap(version, epoch)
+            paused_before = self.state.paused
+            self.pause()  # returns once no call computes a token; waits release the lock
+            try:
+                staged = self.state.check_swap(version, epoch)  # a newer stage may have come
+            except Exception:
+                if not paused_before:
+                    self.state.resume()
+                raise
+            load_tensors(self.model, staged.weights,
+                         adapters_only=Transport.parse(staged.transport) is Transport.LORA)
+            self.state.swapped(version, epoch)
+            self.state.resume()
+            return {"engine_id": self.engine_id, "resume_error": None}
 
     @ray.method(concurrency_group=CONTROL)
     def update_weight_version(self, version: int, epoch: int) -> str:

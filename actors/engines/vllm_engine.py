@@ -40,7 +40,7 @@ from typing import Any
 import ray
 
 from actors.engines.engine_protocol import pause_mode
-from actors.engines.engine_state import EngineState
+from actors.engines.engine_state import EngineState, StagedUpdate
 from actors.engines.group_batches import GroupBatches
 from actors.engines.sampling import SamplingParams
 from actors.engines.vllm_args import (
@@ -196,16 +196,77 @@ class VLLMEngine:
                 self.state.check_epoch("load_weights", epoch)
                 self.state.require_paused("load weights")
             plan = self.weights.plan(open_weights(tensors), transport)
-            self._wake()  # a sleeping engine's weights are offloaded: reload onto the GPU
-            self._llm.collective_rpc("reload_weights",
-                                     kwargs={"weights_iterator": list(plan.reload.items())})
-            if not self._llm.reset_prefix_cache(reset_running_requests=True):
-                raise PolicyError(f"engine {self.engine_id}: vLLM refused to reset its prefix "
-                                  "cache after a weight reload")
-            self.weights.record(plan)
+            self._reload(plan)
             with self.state.lock:
                 self.state.counters["weight_loads"] += 1
         return tensors_checksum(plan.received)
+
+    def _reload(self, plan: Any) -> None:
+        """Load ``plan`` into vLLM and drop every cached prefix (the caller holds the engine
+        lock, the engine is paused)."""
+        self._wake()  # a sleeping engine's weights are offloaded: reload onto the GPU
+        self._llm.collective_rpc("reload_weights",
+                                 kwargs={"weights_iterator": list(plan.reload.items())})
+        if not self._llm.reset_prefix_cache(reset_running_requests=True):
+            raise PolicyError(f"engine {self.engine_id}: vLLM refused to reset its prefix "
+                              "cache after a weight reload")
+        self.weights.record(plan)
+
+    @ray.method(concurrency_group=CONTROL)
+    def stage_weights(self, tensors: dict[str, Any], epoch: int, transport: str = "full") -> str:
+        """In-flight step 3b: receive and check the next weights (HF names) while vLLM keeps
+        generating; returns their sha256 as received. Nothing reaches vLLM until
+        :meth:`swap_and_stamp`; a newer stage replaces this one.
+
+        Raises:
+            StaleEpochError: ``epoch`` is below the highest seen; nothing changes.
+            PolicyError: names or shapes do not match the model; nothing changes.
+            ValueError: unknown transport.
+        """
+        plan = self.weights.plan(open_weights(tensors), transport)  # checks; changes nothing
+        checksum = tensors_checksum(plan.received)
+        with self._engine_lock, self.state.lock:  # never between a swap's check and reload
+            self.state.stage(StagedUpdate(plan.received, str(plan.transport), epoch, checksum))
+        return checksum
+
+    @ray.method(concurrency_group=CONTROL)
+    def swap_and_stamp(self, version: int, epoch: int) -> dict[str, Any]:
+        """In-flight step 5: pause at the next step boundary (per the pause mode), reload the
+        weights staged at ``epoch``, stamp ``version`` and resume. Returns ``engine_id`` and
+        ``resume_error`` as :meth:`stamp_and_resume` does.
+
+        If vLLM fails to reload, the engine stays paused and the error is raised: the update
+        reports this engine unstamped.
+
+        Raises:
+            StaleEpochError: ``epoch`` is below the highest seen; nothing changes.
+            VersionLabelError: ``version`` is not an int >= 0; nothing changes.
+            EngineStateError: nothing was staged at ``epoch``; nothing changes.
+        """
+        with self.state.lock:
+            self.state.check_swap(version, epoch)
+            paused_before = self.state.paused
+        self.pause()
+        with self._engine_lock:
+            try:
+                with self.state.lock:  # again: a newer stage may have come meanwhile
+                    staged = self.state.check_swap(version, epoch)
+            except Exception:
+                if not paused_before:
+                    self._resume()  # nothing was loaded: serve on under the old label
+                raise
+            # Planned again: a LoRA plan restores what the current state changed. A failed
+            # reload leaves the engine paused (its weights are unknown): reported unstamped,
+            # the control plane's probe replaces it.
+            self._reload(self.weights.plan(staged.weights, staged.transport))
+            with self.state.lock:
+                self.state.swapped(version, epoch)
+            try:
+                self._resume()
+            except Exception as exc:  # noqa: BLE001 - stamped: the caller must still hear so
+                return {"engine_id": self.engine_id,
+                        "resume_error": f"{type(exc).__name__}: {exc}"}
+        return {"engine_id": self.engine_id, "resume_error": None}
 
     @ray.method(concurrency_group=CONTROL)
     def update_weight_version(self, version: int, epoch: int) -> str:

@@ -40,6 +40,7 @@ __all__ = [
     "adapter_state_dict",
     "apply_lora",
     "build_policy",
+    "check_tensors",
     "ensure_megatron_parallel_state",
     "load_tensors",
     "tensor_state_dict",
@@ -181,12 +182,10 @@ def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return adapters
 
 
-def load_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], adapters_only: bool) -> None:
-    """Copy ``tensors`` into ``model`` in place, after checking names and shapes.
-
-    ``adapters_only=False`` needs exactly the model's tensors (a ``full`` update);
-    ``adapters_only=True`` needs exactly its adapter tensors (a ``lora`` update, base untouched).
-    All checks run before the first copy, so on error the model is unchanged.
+def check_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], adapters_only: bool) -> None:
+    """Check that ``tensors`` fit ``model``: exactly its tensors (``adapters_only=False``, a
+    ``full`` update) or exactly its adapter tensors (``adapters_only=True``, a ``lora`` update),
+    each of the model's shape. Changes nothing.
 
     Raises:
         PolicyError: a missing, unexpected or mis-shaped tensor.
@@ -202,6 +201,17 @@ def load_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], adapters_on
     for name, tensor in tensors.items():
         if tuple(tensor.shape) != tuple(own[name].shape):
             raise PolicyError(f"{name}: shape {tuple(tensor.shape)} != {tuple(own[name].shape)}")
+
+
+def load_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], adapters_only: bool) -> None:
+    """Copy ``tensors`` into ``model`` in place, after :func:`check_tensors`: all checks run
+    before the first copy, so on error the model is unchanged.
+
+    Raises:
+        PolicyError: a missing, unexpected or mis-shaped tensor.
+    """
+    check_tensors(model, tensors, adapters_only)
+    own = tensor_state_dict(model)
     with torch.no_grad():
         for name, tensor in tensors.items():
             own[name].copy_(tensor)

@@ -17,8 +17,15 @@ section 5 with the same numbers:
 6. record ``engines_stamped`` and return an :class:`UpdateReport` carrying the committed head
    ``(v, e)``; pushing it to the rollout manager is the control plane's next move.
 
-A death before step 4 leaves engines paused with unlabelled weights and no new version; the
-next publisher transfers again. A death after it leaves a committed but unstamped version,
+In-flight (``swap=WeightSwap.IN_FLIGHT``) the engines never stop for steps 1-4: step 2 is
+skipped, step 3b stages the weights in engines that keep generating, and step 5 is one
+``swap_and_stamp`` per engine, which loads them at its next token boundary, stamps and resumes
+(``AFTER_PAUSE`` is never reached). A death before step 4 then leaves every engine serving
+its old weights under its old label; one after it, the same, with the version committed and
+unstamped.
+
+Paused (the default here), a death before step 4 leaves engines paused with unlabelled
+weights and no new version; the next publisher transfers again. A death after it leaves a committed but unstamped version,
 which the audit reports; the next commit is still head + 1. A failure in steps 2-3 records
 ``weight_update_aborted`` (best effort) before it is raised.
 
@@ -41,7 +48,7 @@ from typing import Any
 
 from actors.errors import InjectedFault
 from actors.publishing.records import PublisherRecords
-from actors.transport import Transport
+from actors.transport import Transport, WeightSwap
 from actors.publishing.weight_sync import (
     EngineDeadline,
     StagedWeights,
@@ -63,9 +70,9 @@ class UpdatePoint(StrEnum):
 
     AFTER_STARTED = "after-started"  # 1 recorded; the pause (2) is being sent
     AFTER_STAGE = "after-stage"  # 3a staged; engines may still be draining their step
-    AFTER_PAUSE = "after-pause"  # 2 awaited: no engine computes
+    AFTER_PAUSE = "after-pause"  # 2 awaited: no engine computes (never reached in flight)
     MID_TRANSFER = "mid-transfer"  # 3b sent to every engine, not yet acknowledged
-    AFTER_TRANSFER = "after-transfer"  # 3b every engine loaded; nothing committed
+    AFTER_TRANSFER = "after-transfer"  # 3b every engine loaded (or staged); nothing committed
     AFTER_COMMIT = "after-commit"  # 4 committed; no engine stamped
     AFTER_FINALIZE = "after-finalize"  # 5 engines stamped and resumed; 6 not recorded
 
@@ -120,8 +127,9 @@ def _no_fault(point: UpdatePoint) -> None:
 class UpdateReport:
     """What one update did: the committed head, which engines were stamped and resumed, which
     failed (engine index -> error), and each step's wall seconds (``step_seconds``: started,
-    stage, pause (the wait after staging), load, commit, stamp (stamp and resume, one call per
-    engine), stamped).
+    stage, pause (the wait after staging; absent in flight), load (in flight: staged in the
+    engines), commit, stamp (stamp and resume, or swap and stamp, one call per engine),
+    stamped).
 
     ``committed`` is the head the commit made: ``version`` v, ``epoch`` e, this cell, and the
     seq and hash of the ``weight_committed`` event (a witness the ledger must still hold).
@@ -167,12 +175,14 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
                    stage: Callable[[Sequence[Any]], StagedWeights],
                    engine_nodes: Callable[[Sequence[Any]], dict[str, dict[str, str]]],
                    at_point: Callable[[UpdatePoint], None] = _no_fault,
-                   engine_timeout_s: float | None = None) -> UpdateReport:
+                   engine_timeout_s: float | None = None,
+                   swap: WeightSwap = WeightSwap.PAUSE) -> UpdateReport:
     """Publish the cell's weights to ``engines`` as the next version (steps 1-6 above).
 
     Precondition: the cell of ``records`` is the publisher at ``epoch``. ``stage`` makes step
     3a's :class:`StagedWeights` (the cell picks the path), ``engine_nodes`` names the nodes of
-    the stamped engines for step 6. Retrying the whole call is safe: every event is
+    the stamped engines for step 6, ``swap`` says whether engines pause for the update or
+    take it in flight (the module docstring). Retrying the whole call is safe: every event is
     idempotent, pausing twice is harmless, loading again overwrites with the same tensors.
 
     Every wait on the engines (steps 2, 3b, 5) ends ``engine_timeout_s`` after the update
@@ -190,20 +200,23 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
     """
     clock = _Clock()
     deadline = EngineDeadline.after(engine_timeout_s)
+    swap = WeightSwap(swap)
     try:
         records.update_started(epoch, train_step, transport)  # 1
         clock.lap("started")
-        pausing = request_engine_pause(engines, epoch)  # 2 (sent)
+        pausing = (request_engine_pause(engines, epoch)  # 2 (sent)
+                   if swap is WeightSwap.PAUSE else None)
         at_point(UpdatePoint.AFTER_STARTED)
         staged = stage(engines)  # 3a
         clock.lap("stage")
         at_point(UpdatePoint.AFTER_STAGE)
-        await_engine_pause(pausing, deadline)  # 2 (awaited)
-        clock.lap("pause")
-        at_point(UpdatePoint.AFTER_PAUSE)
-        loading = send_staged_weights(engines, staged, epoch, transport)  # 3b (sent)
+        if pausing is not None:
+            await_engine_pause(pausing, deadline)  # 2 (awaited)
+            clock.lap("pause")
+            at_point(UpdatePoint.AFTER_PAUSE)
+        loading = send_staged_weights(engines, staged, epoch, transport, swap)  # 3b (sent)
         at_point(UpdatePoint.MID_TRANSFER)
-        checksum = await_loaded(loading, staged, deadline)  # 3b (awaited)
+        checksum = await_loaded(loading, staged, deadline, swap)  # 3b (awaited)
         clock.lap("load")
         at_point(UpdatePoint.AFTER_TRANSFER)
     except FencedError:
@@ -214,8 +227,9 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
     committed = records.commit(epoch, train_step, transport, adapter, checksum)  # 4
     clock.lap("commit")
     at_point(UpdatePoint.AFTER_COMMIT)
-    finalized = finalize_and_resume_engines(engines, committed.version, epoch, deadline)  # 5
-    clock.lap("stamp")  # stamp and resume: one round trip per engine
+    finalized = finalize_and_resume_engines(engines, committed.version, epoch, deadline,
+                                            swap)  # 5
+    clock.lap("stamp")  # stamp (in flight: swap and stamp) and resume: one call per engine
     if finalized.failed:
         logger.warning("cell %s: engines not stamped with v%d: %s", records.cell_id,
                        committed.version, finalized.failed)

@@ -13,6 +13,11 @@ steps (1, 4, 6) are not here:
 5. :func:`finalize_and_resume_engines`: stamp every engine with the committed version, then
    resume it (one ``stamp_and_resume`` call per engine).
 
+With ``WeightSwap.IN_FLIGHT`` step 2 is skipped: step 3b sends the weights to engines that
+keep generating (``stage_weights``: held beside the serving ones), and step 5 is one
+``swap_and_stamp`` per engine, which loads them at the engine's next token boundary, stamps
+and resumes.
+
 Two transports (:class:`actors.transport.Transport`): ``full`` moves every tensor of the
 policy, ``lora`` only the LoRA adapter tensors; the engines' frozen base is never touched.
 
@@ -47,7 +52,7 @@ from torch import nn
 from actors.errors import EngineSilentError, StaleEpochError, TransferError
 from actors.policies.policy import adapter_state_dict, tensor_state_dict
 from actors.publishing.packed import pack_tensors
-from actors.transport import TRANSPORTS, Transport
+from actors.transport import TRANSPORTS, Transport, WeightSwap
 from actors.weight_paths import CUDA_IPC, OBJECT_STORE, share_cuda_tensors
 
 __all__ = [
@@ -268,17 +273,27 @@ def stage_weights(engines: Sequence[Any], tensors: dict[str, torch.Tensor],
 # ------------------------------------------------------------------------------ step 3b: load
 
 
+def _receive_operation(swap: WeightSwap) -> str:
+    """The name of the engine method that receives weights at step 3b."""
+    return "stage_weights" if swap is WeightSwap.IN_FLIGHT else "load_weights"
+
+
 def send_staged_weights(engines: Sequence[Any], staged: StagedWeights, epoch: int,
-                        transport: str) -> PendingCalls:
-    """Step 3b, sent: every (paused) engine loads ``staged``; does not wait. The version label
-    does not change."""
-    return _send_all(engines, lambda engine: engine.load_weights, staged.payload, epoch,
-                     str(Transport.parse(transport)))
+                        transport: str, swap: WeightSwap = WeightSwap.PAUSE) -> PendingCalls:
+    """Step 3b, sent: every engine receives ``staged``; does not wait. The version label does
+    not change. ``pause``: the (paused) engines load it (``load_weights``); ``in-flight``:
+    they hold it beside the serving weights and keep generating (``stage_weights``)."""
+    method: EngineMethod = ((lambda engine: engine.stage_weights)
+                            if swap is WeightSwap.IN_FLIGHT else
+                            (lambda engine: engine.load_weights))
+    return _send_all(engines, method, staged.payload, epoch, str(Transport.parse(transport)))
 
 
 def await_loaded(pending: PendingCalls, staged: StagedWeights,
-                 deadline: EngineDeadline = NO_DEADLINE) -> str:
-    """Step 3b, awaited: every engine loaded; returns the checksum they all received.
+                 deadline: EngineDeadline = NO_DEADLINE,
+                 swap: WeightSwap = WeightSwap.PAUSE) -> str:
+    """Step 3b, awaited: every engine received the weights (loaded them, or staged them
+    ``in-flight``); returns the checksum they all received.
 
     Raises:
         StaleEpochError: an engine has seen a newer epoch.
@@ -288,7 +303,7 @@ def await_loaded(pending: PendingCalls, staged: StagedWeights,
         ray.exceptions.RayActorError: an engine died.
         EngineSilentError: an engine gave no answer before ``deadline``.
     """
-    results = _gather(pending, "load_weights", deadline)
+    results = _gather(pending, _receive_operation(swap), deadline)
     _raise_first(results)
     mismatched = [i for i, received in enumerate(results) if received != staged.checksum]
     if mismatched:
@@ -333,10 +348,14 @@ class FinalizeReport:
 
 
 def finalize_and_resume_engines(engines: Sequence[Any], version: int, epoch: int,
-                                deadline: EngineDeadline = NO_DEADLINE) -> FinalizeReport:
+                                deadline: EngineDeadline = NO_DEADLINE,
+                                swap: WeightSwap = WeightSwap.PAUSE) -> FinalizeReport:
     """Step 5, for every transport: stamp every engine with ``version``, then resume it, in
     one call per engine (``stamp_and_resume``: the engine resumes only once its stamp is
-    accepted, so no engine serves new weights under an old label).
+    accepted, so no engine serves new weights under an old label). ``in-flight``, the call is
+    ``swap_and_stamp``: the engine pauses at its next token boundary, loads the weights it
+    staged at ``epoch``, stamps them and resumes (never new weights under an old label, nor
+    an old label moved onto new weights).
 
     Precondition: ``version`` was committed by the ledger for the caller's cell at ``epoch``,
     and the engines hold the weights of that commit. Every engine is attempted: one dead
@@ -350,8 +369,12 @@ def finalize_and_resume_engines(engines: Sequence[Any], version: int, epoch: int
             were stamped are still resumed by the newer publisher, not here).
     """
     started = time.perf_counter()
-    results = _call_all(engines, lambda engine: engine.stamp_and_resume,
-                        "stamp_and_resume", deadline, version, epoch)
+    if swap is WeightSwap.IN_FLIGHT:
+        results = _call_all(engines, lambda engine: engine.swap_and_stamp, "swap_and_stamp",
+                            deadline, version, epoch)
+    else:
+        results = _call_all(engines, lambda engine: engine.stamp_and_resume,
+                            "stamp_and_resume", deadline, version, epoch)
     for result in results:
         if isinstance(result, StaleEpochError):
             raise result

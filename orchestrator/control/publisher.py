@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ray.exceptions import RayTaskError
 
+from actors.transport import WeightSwap
 from ledger import FencedError
 from orchestrator.control.supervision.cell_failover import CellFailover
 from orchestrator.control.supervision.cell_group import CellGroup, is_actor_loss, is_engine_loss
@@ -73,11 +74,15 @@ class Publisher:
             again before a retry, after a failed attempt was sorted out (a lost publisher
             failed over), so a drill can act between a failover and the new publisher's
             first commit.
+        swap: whether engines pause for an update or take it in flight
+            (``RunConfig.weight_swap``).
     """
 
     def __init__(self, cells: CellGroup, failover: CellFailover, engines: EngineRestarts,
                  manager: ManagerWatch | None, policy: FailurePolicy, *,
-                 before_publish: Callable[[], None] = lambda: None) -> None:
+                 before_publish: Callable[[], None] = lambda: None,
+                 swap: WeightSwap = WeightSwap.PAUSE) -> None:
+        self.swap = WeightSwap(swap)
         self._cells = cells
         self._failover = failover
         self._engines = engines
@@ -89,9 +94,11 @@ class Publisher:
     def of(cls, supervisor: Supervisor, *, before_publish: Callable[[], None] = lambda: None
            ) -> Publisher:
         """A publisher over ``supervisor``'s collaborators (its cells, failover, engines,
-        manager watch and policy), each passed explicitly."""
+        manager watch and policy), each passed explicitly, swapping weights as its run's
+        configuration says."""
         return cls(supervisor.cells, supervisor.failover, supervisor.engine_restarts,
-                   supervisor.manager_watch, supervisor.policy, before_publish=before_publish)
+                   supervisor.manager_watch, supervisor.policy, before_publish=before_publish,
+                   swap=supervisor.config.weight_swap)
 
     def publish_weights(self) -> PublishOutcome:
         """Publish as the next version (ledger head + 1) to every engine; returns the outcome.
@@ -134,7 +141,8 @@ class Publisher:
         Raises:
             EngineLostError: an engine died, or gave no answer within the policy's
                 ``engine_call_timeout_s``, before the commit; nothing was committed, the other
-                engines stay paused until the next update.
+                engines stay paused until the next update (in flight: they keep serving the
+                old weights).
             PublisherLostError: the publisher cell died or gave no answer in time.
             FencedError: the publisher was superseded.
             Exception: the publisher cell raised (its error, unwrapped from Ray's).
@@ -142,7 +150,7 @@ class Publisher:
         cell_id, epoch = self._failover.ensure_publisher()
         engines = list(self._engines.engines.values())
         report = self._call(cell_id, self._cells.actor(cell_id).update_weights.remote(
-            engines, epoch, self.policy.engine_call_timeout_s))
+            engines, epoch, self.policy.engine_call_timeout_s, str(self.swap)))
         return PublishOutcome(version=report.version, epoch=epoch, publisher_cell=cell_id,
                               step_seconds=dict(report.step_seconds))
 

@@ -10,10 +10,10 @@ import ray
 import torch
 
 from actors.errors import EngineStateError, StaleEpochError
-from actors.policies.policy import PolicyConfig, build_policy
+from actors.policies.policy import PolicyConfig, PolicyError, build_policy
 from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
-from actors.publishing.weight_sync import collect_weights
+from actors.publishing.weight_sync import collect_weights, tensors_checksum
 from orchestrator.rollout.errors import VersionLabelError
 from orchestrator.rollout.types import SampleStatus
 from tests.waiting import wait_until
@@ -244,4 +244,116 @@ def test_partial_rollout_sample_spans_the_update_with_exact_per_token_versions_a
     assert verdict.action is Action.TRAIN and verdict.staleness == 2
     assert StalenessFilter(max_weight_staleness=1).screen(
         Group(group_index=0, samples=samples), lambda _at_least: 2).action is not Action.TRAIN
+    ray.kill(engine)
+
+
+# ----------------------------------------------------------------------------- in-flight swap
+
+
+def test_staged_weights_wait_beside_the_serving_ones_until_the_swap() -> None:
+    engine = RolloutEngine("engine-0", "torch", CONFIG, seed=0, task=TASK)
+    new_weights = collect_weights(build_policy("torch", CONFIG, seed=1), "full")
+    serving = engine.weights_checksum()
+
+    received = engine.stage_weights(new_weights, epoch=2)
+
+    health = engine.health()
+    assert received == tensors_checksum(new_weights) != serving
+    assert (health["paused"], health["version"], health["epoch"]) == (False, 0, 2)
+    assert engine.weights_checksum() == serving
+    assert all(s.weight_versions == [0] for s in engine.generate(TASK.make_prompt(1), 2, 1))
+
+    answer = engine.swap_and_stamp(7, 2)
+
+    health = engine.health()
+    assert answer == {"engine_id": "engine-0", "resume_error": None}
+    assert (health["paused"], health["version"], health["weight_swaps"]) == (False, 7, 1)
+    assert engine.weights_checksum() == received
+    assert all(s.weight_versions == [7] for s in engine.generate(TASK.make_prompt(1), 2, 1))
+    with pytest.raises(EngineStateError):  # the staged copy was used up
+        engine.swap_and_stamp(8, 2)
+
+
+def test_a_swap_is_refused_whole_without_weights_staged_at_its_epoch() -> None:
+    engine = RolloutEngine("engine-0", "torch", CONFIG, seed=0, task=TASK)
+    new_weights = collect_weights(build_policy("torch", CONFIG, seed=1), "full")
+    serving = engine.weights_checksum()
+
+    with pytest.raises(EngineStateError):
+        engine.swap_and_stamp(1, 1)  # nothing staged
+    engine.stage_weights(new_weights, epoch=1)
+    with pytest.raises(VersionLabelError):
+        engine.swap_and_stamp(-1, 1)
+    engine.stage_weights(new_weights, epoch=3)  # a newer publisher's stage replaces it
+    with pytest.raises(StaleEpochError):
+        engine.swap_and_stamp(1, 1)
+    with pytest.raises(StaleEpochError):
+        engine.stage_weights(new_weights, epoch=2)
+    with pytest.raises(PolicyError):
+        engine.stage_weights({"not.a.tensor": torch.zeros(1)}, epoch=3)
+
+    health = engine.health()
+    assert (health["paused"], health["version"], health["weight_swaps"]) == (False, 0, 0)
+    assert engine.weights_checksum() == serving
+    engine.swap_and_stamp(4, 3)
+    assert engine.weights_checksum() == tensors_checksum(new_weights)
+
+
+@pytest.mark.ray
+def test_an_in_flight_swap_lands_mid_sample_with_exact_per_token_versions_and_log_probs(
+        ray_cluster) -> None:
+    """A real engine actor keeps generating while the update sequence's in-flight steps stage
+    the next weights, then swaps them in between two of the sample's tokens."""
+    from actors.grpo import token_log_probs
+    from actors.publishing.weight_sync import (
+        await_loaded,
+        finalize_and_resume_engines,
+        send_staged_weights,
+        stage_weights,
+    )
+    from actors.transport import WeightSwap
+
+    Engine = ray.remote(**ROLLOUT_ENGINE_ACTOR_OPTIONS)(RolloutEngine)
+    engine = Engine.remote("engine-0", "torch", LONG_CONFIG, 0, TASK, LONG_SAMPLING,
+                           partial_rollout=True)
+    old_model = build_policy("torch", LONG_CONFIG, seed=0).eval()
+    new_model = build_policy("torch", LONG_CONFIG, seed=1).eval()
+    ray.get(engine.health.remote())
+
+    pending = engine.generate.remote(TASK.make_prompt(0), 64, 0)
+    wait_until(lambda: ray.get(engine.health.remote(), timeout=30)["decode_steps"] >= 2,
+               what="two decode steps")
+    staged = stage_weights([engine], collect_weights(new_model, "full"))
+    await_loaded(send_staged_weights([engine], staged, 1, "full", WeightSwap.IN_FLIGHT),
+                 staged, swap=WeightSwap.IN_FLIGHT)
+    staged_at = ray.get(engine.health.remote())["decode_steps"]
+    wait_until(lambda: ray.get(engine.health.remote(), timeout=30)["decode_steps"]
+               >= staged_at + 2, what="two decode steps with weights staged")
+    during = ray.get(engine.health.remote())
+    report = finalize_and_resume_engines([engine], version=1, epoch=1,
+                                         swap=WeightSwap.IN_FLIGHT)
+    samples = ray.get(pending, timeout=60)
+
+    assert (during["paused"], during["version"], during["parked_calls"]) == (False, 0, 0)
+    assert report.stamped_engine_ids == ["engine-0"] and not report.failed
+    assert all(s.status is not SampleStatus.ABORTED for s in samples)
+    spanning = _spanning(samples)
+    assert spanning, "no sample was still generating when the swap landed"
+    for sample in spanning:
+        assert sample.weight_versions == [0, 1]
+        assert sample.token_versions == sorted(sample.token_versions)
+        # Tokens decoded while the weights were staged are the old weights' (version 0).
+        assert sample.token_versions[:during["decode_steps"]].count(0) >= 4
+        tokens = torch.tensor([sample.prompt_tokens + sample.response_tokens])
+        start = len(sample.prompt_tokens) - 1
+        end = start + len(sample.response_tokens)
+        with torch.no_grad():
+            by_version = {
+                0: token_log_probs(old_model(tokens), tokens)[0, start:end],
+                1: token_log_probs(new_model(tokens), tokens)[0, start:end],
+            }
+        for position, version in enumerate(sample.token_versions):
+            assert sample.rollout_log_probs[position] == pytest.approx(
+                float(by_version[version][position]), abs=1e-4
+            ), (position, version)
     ray.kill(engine)

@@ -5,6 +5,8 @@ In-process parts: a real TrainCell and a real RolloutEngine (plain objects, no R
 file-backed SQLite ledger. Fault schedule (declared up front; each test checks it fired):
 - ``raise at UpdatePoint.AFTER_STAGE``: the update fails before anything is loaded
 - ``raise at UpdatePoint.AFTER_COMMIT``: committed, never stamped
+- in flight, ``raise at UpdatePoint.AFTER_TRANSFER``: staged in the engine, nothing committed
+- in flight, ``raise at UpdatePoint.AFTER_COMMIT``: committed, never swapped in
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from actors.policies.policy import PolicyConfig
 from actors.publishing.sequence import FaultAction, UpdateFaults, UpdatePoint
 from actors.task import TOKENIZER, AdditionTask
 from actors.train_cell import TrainCell
+from actors.transport import WeightSwap
 from ledger import EventKind, FencedError, Ledger
 
 TASK = AdditionTask(seed=0)
@@ -123,6 +126,78 @@ def test_a_failure_after_the_commit_leaves_an_unstamped_version_and_the_next_is_
     cell.train_step_count += 1  # the next step's update (new idempotency keys)
     assert cell.update_weights([engine], epoch).version == 2
     assert engine.health()["version"] == 2
+
+
+# ------------------------------------------------------------------------------ in flight
+
+
+def test_in_flight_the_engine_never_pauses_before_the_commit_and_swaps_at_the_stamp(
+        publishing) -> None:
+    ledger, epoch, cell, engine = publishing
+    recorder = _Recorder()
+    seen: dict[UpdatePoint, tuple[bool, int, str]] = {}
+
+    def observe(point: UpdatePoint) -> None:
+        recorder(point)
+        health = engine.health()
+        seen[point] = (health["paused"], health["version"], engine.weights_checksum())
+
+    cell._faults = observe  # type: ignore[assignment]
+    initial = engine.weights_checksum()
+
+    report = cell.update_weights([engine], epoch, swap=WeightSwap.IN_FLIGHT)
+
+    assert recorder.passed == [p for p in UpdatePoint if p is not UpdatePoint.AFTER_PAUSE]
+    before_swap = [p for p in recorder.passed if p is not UpdatePoint.AFTER_FINALIZE]
+    assert all(seen[p] == (False, 0, initial) for p in before_swap)  # serving, old weights
+    assert seen[UpdatePoint.AFTER_FINALIZE] == (False, 1, cell.weights_checksum())
+    assert report.checksum == cell.weights_checksum()
+    assert set(report.step_seconds) == {"started", "stage", "load", "commit", "stamp",
+                                        "stamped"}
+    health = engine.health()
+    assert (health["weight_stages"], health["weight_swaps"], health["weight_loads"]) == (1, 1, 1)
+    assert _kinds(ledger)[-3:] == [EventKind.WEIGHT_UPDATE_STARTED, EventKind.WEIGHT_COMMITTED,
+                                   EventKind.ENGINES_STAMPED]
+    assert ledger.verify(RUN).ok
+
+
+def test_in_flight_a_failure_before_the_commit_leaves_the_engine_serving_its_old_weights(
+        publishing) -> None:
+    ledger, epoch, cell, engine = publishing
+    initial = engine.weights_checksum()
+    cell.arm_update_fault(UpdatePoint.AFTER_TRANSFER, FaultAction.RAISE)
+
+    with pytest.raises(InjectedFault):
+        cell.update_weights([engine], epoch, swap=WeightSwap.IN_FLIGHT)
+
+    health = engine.health()
+    assert (health["paused"], health["version"], health["weight_stages"]) == (False, 0, 1)
+    assert engine.weights_checksum() == initial
+    assert all(s.weight_versions == [0] for s in engine.generate(TASK.make_prompt(1), 2, 1))
+    assert EventKind.WEIGHT_UPDATE_ABORTED in _kinds(ledger)
+    assert ledger.head(RUN).version == 0
+    assert cell.update_weights([engine], epoch, swap=WeightSwap.IN_FLIGHT).version == 1
+    assert engine.weights_checksum() == cell.weights_checksum()
+
+
+def test_in_flight_a_failure_after_the_commit_leaves_the_version_unstamped_and_serving_old(
+        publishing) -> None:
+    ledger, epoch, cell, engine = publishing
+    initial = engine.weights_checksum()
+    cell.arm_update_fault(UpdatePoint.AFTER_COMMIT, FaultAction.RAISE)
+
+    with pytest.raises(InjectedFault):
+        cell.update_weights([engine], epoch, swap=WeightSwap.IN_FLIGHT)
+
+    health = engine.health()
+    assert ledger.head(RUN).version == 1
+    assert (health["paused"], health["version"]) == (False, 0)  # never paused, label true
+    assert engine.weights_checksum() == initial
+    assert ledger.verify(RUN).unstamped_versions == [1]
+    cell.train_step_count += 1
+    assert cell.update_weights([engine], epoch, swap=WeightSwap.IN_FLIGHT).version == 2
+    assert engine.health()["version"] == 2
+    assert engine.weights_checksum() == cell.weights_checksum()
 
 
 def test_an_armed_point_fires_once_and_unknown_points_are_refused() -> None:

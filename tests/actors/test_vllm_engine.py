@@ -3,7 +3,8 @@
 After full (HF and megatron) and LoRA updates through the trainer's real update sequence
 (ledger commit, the one finalize), the engine's per-token log-probs equal the trainer's forward
 pass; a sample paused mid-sequence across an update carries both versions and continues under
-the new weights; the abort pause mode returns what was generated; the epoch fence refuses a
+the new weights, and so does one an in-flight swap lands on (weights staged while vLLM
+generates, swapped in after the commit); the abort pause mode returns what was generated; the epoch fence refuses a
 stale publisher and changes nothing. Nothing is downloaded: the model is made locally.
 """
 
@@ -221,6 +222,49 @@ def test_a_sample_paused_mid_sequence_continues_under_the_new_weights(engine, mo
     ledger.close()
 
 
+def test_in_flight_weights_wait_staged_while_vllm_serves_then_swap_in_at_the_stamp(
+        engine, model_dir, sqlite_url):
+    from actors.transport import WeightSwap
+
+    cell, ledger, epoch = _publisher(engine, sqlite_url, "hf", HFPolicyConfig(model_dir),
+                                     "in-flight")
+    old_version = cell.update_weights([engine], epoch, swap=WeightSwap.IN_FLIGHT).version
+    old_model = build_hf_policy(HFPolicyConfig(model_dir)).eval()
+    serving = ray.get(engine.weights_checksum.remote())
+    _perturb(cell.model)
+
+    staged = ray.get(engine.stage_weights.remote(
+        {name: t.detach().clone() for name, t in cell.model.state_dict().items()}, epoch))
+    while_staged = _generate(engine, 4, 5)
+    health = ray.get(engine.health.remote())
+    assert staged == cell.weights_checksum() != serving
+    assert (health["paused"], health["version"]) == (False, old_version)
+    assert ray.get(engine.weights_checksum.remote()) == serving
+    assert all(set(s.token_versions) == {old_version} for s in while_staged)
+    assert _log_prob_error(while_staged, {old_version: old_model}) < LOG_PROB_TOLERANCE
+
+    ray.get(engine.set_pause_mode.remote("in_place"))
+    ray.get(engine.pause_after_next_tokens.remote())  # the swap lands between two tokens
+    pending = engine.generate.remote(TASK.make_prompt(6), 8, 6)
+    wait_until(lambda: ray.get(engine.health.remote(), timeout=30)["paused"],
+               what="the engine stopping after its next tokens", timeout_s=120)
+    report = cell.update_weights([engine], epoch, swap=WeightSwap.IN_FLIGHT)
+    samples = ray.get(pending)
+
+    new_version = report.version
+    assert new_version == old_version + 1 and not report.failed
+    assert ray.get(engine.weights_checksum.remote()) == cell.weights_checksum()
+    spanning = [s for s in samples if len(set(s.token_versions)) == 2]
+    assert spanning, [s.token_versions for s in samples]
+    assert all(s.token_versions == sorted(s.token_versions) for s in samples)
+    error = _log_prob_error(samples, {old_version: old_model, new_version: cell.model.eval()})
+    print(f"in-flight swap v{old_version}->v{new_version}: {len(spanning)}/{len(samples)} "
+          f"samples span both; max log-prob error {error:.2e}")
+    assert error < LOG_PROB_TOLERANCE
+    assert ledger.verify("in-flight").ok
+    ledger.close()
+
+
 def test_abort_mode_returns_the_tokens_so_far_as_aborted(engine):
     ray.get(engine.set_pause_mode.remote("abort"))
     epoch = ray.get(engine.health.remote())["epoch"]
@@ -250,7 +294,9 @@ def test_a_stale_epoch_is_refused_and_changes_nothing(engine, model_dir):
                  engine.load_weights.remote(tensors, epoch - 1),
                  engine.update_weight_version.remote(before["version"] + 1, epoch - 1),
                  engine.continue_generation.remote(epoch - 1),
-                 engine.stamp_and_resume.remote(before["version"] + 1, epoch - 1)):
+                 engine.stamp_and_resume.remote(before["version"] + 1, epoch - 1),
+                 engine.stage_weights.remote(tensors, epoch - 1),
+                 engine.swap_and_stamp.remote(before["version"] + 1, epoch - 1)):
         with pytest.raises(StaleEpochError):
             ray.get(call)
     with pytest.raises(EngineStateError):  # weights only into a paused engine
