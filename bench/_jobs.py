@@ -25,7 +25,8 @@ Engine set-ups:
 Modes (``MODES``): ``sync`` (no overlap, on-policy: the baseline), ``async`` (fully-async, a
 weight update aborts generation in flight), ``async+partial`` (fully-async with partial rollout:
 in-flight samples continue under the new weights). Admission control is on in every mode. A
-mode label may end in ``@S`` to run it with ``max_weight_staleness = S`` (``async+partial@1``);
+mode label may end in ``@S`` to run it with ``max_weight_staleness = S`` (``async+partial@1``),
+then in ``~W`` to run it with ``weight_swap = W`` (``async+partial~pause``);
 :func:`expand_modes` builds those labels.
 """
 
@@ -122,22 +123,25 @@ def engine_factory(setup: str, ms_per_token: float = 15.0):
     return create
 
 
-def expand_modes(modes: list[str], staleness: list[int] | None) -> list[str]:
-    """Mode labels: each async mode once per ``staleness`` value (``async@1``); sync once."""
-    if not staleness:
-        return list(modes)
+def expand_modes(modes: list[str], staleness: list[int] | None,
+                 weight_swaps: list[str] | None = None) -> list[str]:
+    """Mode labels: each async mode once per ``staleness`` value (``async@1``) and per
+    ``weight_swaps`` value (``async~pause``); sync once (nothing generates during its
+    updates, so how engines take them does not matter)."""
     labels: list[str] = []
     for mode in modes:
-        for value in ([None] if mode == "sync" else staleness):
-            label = mode if value is None else f"{mode}@{value}"
-            if label not in labels:
-                labels.append(label)
+        for value in ([None] if mode == "sync" or not staleness else staleness):
+            for swap in ([None] if mode == "sync" or not weight_swaps else weight_swaps):
+                label = mode if value is None else f"{mode}@{value}"
+                label = label if swap is None else f"{label}~{swap}"
+                if label not in labels:
+                    labels.append(label)
     return labels
 
 
 def is_sync(label: str) -> bool:
     """True for the synchronous baseline's label."""
-    return label.partition("@")[0] == "sync"
+    return label.partition("~")[0].partition("@")[0] == "sync"
 
 
 def run_mode(base: RunConfig, mode: str, runs_dir: Path, factory, run_id: str
@@ -148,10 +152,13 @@ def run_mode(base: RunConfig, mode: str, runs_dir: Path, factory, run_id: str
     Raises:
         RuntimeError: the run's audit found a problem or a negative staleness.
     """
-    name, _, staleness = mode.partition("@")
+    label, _, swap = mode.partition("~")
+    name, _, staleness = label.partition("@")
     update: dict[str, Any] = {"run_id": run_id, **MODES[name]}
     if staleness:
         update["max_weight_staleness"] = int(staleness)
+    if swap:
+        update["weight_swap"] = swap
     config = base.model_copy(update=update)
     result = run_job(config, JobOptions(runs_dir=runs_dir, progress=False, plot=False,
                                         engine_factory=factory))

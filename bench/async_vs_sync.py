@@ -76,13 +76,16 @@ def main() -> None:
     parser.add_argument("--staleness", type=int, nargs="+", default=None,
                         help="run each async mode at each of these max_weight_staleness values "
                              "(default: the RunConfig default only)")
+    parser.add_argument("--weight-swaps", nargs="+", choices=["pause", "in-flight"],
+                        default=None, help="run each async mode with each of these "
+                        "--weight-swap values (default: the RunConfig default only)")
     parser.add_argument("--device-ms-per-token", type=float, default=15.0)
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--backend", choices=["torch", "megatron"], default="torch")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 6 steps, 1 repeat, device engines, no kills")
     args = parser.parse_args()
-    args.modes = expand_modes(args.modes, args.staleness)
+    args.modes = expand_modes(args.modes, args.staleness, args.weight_swaps)
     if args.quick:
         args.steps, args.repeats, args.engines, args.kills = 6, 1, ["device"], 0
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
@@ -118,7 +121,7 @@ def main() -> None:
 
 
 def _slug(mode: str) -> str:
-    return mode.replace("+", "-").replace("@", "-s")
+    return mode.replace("+", "-").replace("@", "-s").replace("~", "-")
 
 
 def print_table(args: argparse.Namespace, stats: dict[tuple[str, str], list]) -> None:

@@ -1,11 +1,13 @@
 """The control plane's cost per step, phase by phase, with and without batched engine calls.
 
     python bench/control_plane.py [--steps 40] [--repeats 3] [--groups-per-call 1 8]
+                                  [--weight-swaps pause in-flight]
                                   [--engines cpu device] [--quick]
 
 Runs the default job (fully-async, partial rollout) once per ``--engine-call-max-groups``
-value per repeat, the values alternating (the order rotated each repeat), and prints, per
-value, medians over the runs (min-max) of each run's median step after the warm-up:
+value and ``--weight-swap`` value per repeat, the set-ups alternating (the order rotated each
+repeat), and prints, per set-up, medians over the runs (min-max) of each run's median step
+after the warm-up:
 
 - step time, and the control plane's share of it (``time/control_plane_s``: the step less the
   train step and the drain wait, so ledger transactions, Ray round trips, weight staging and
@@ -69,6 +71,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--groups-per-call", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--weight-swaps", nargs="+", choices=["pause", "in-flight"],
+                        default=[RunConfig().weight_swap])
     parser.add_argument("--engines", choices=["cpu", "device"], default="cpu")
     parser.add_argument("--quick", action="store_true", help="smoke run: 6 steps, 1 repeat")
     args = parser.parse_args()
@@ -79,17 +83,20 @@ def main() -> None:
           f"{args.steps} steps per run, {args.repeats} repeats, warm-up {WARMUP_STEPS} steps")
     base = RunConfig(num_rollout=args.steps, save_interval=10**6)
     factory = engine_factory(args.engines)
-    runs: dict[int, list[dict[str, float]]] = {value: [] for value in args.groups_per_call}
+    setups = [(groups, swap) for groups in args.groups_per_call for swap in args.weight_swaps]
+    runs: dict[str, list[dict[str, float]]] = {_label(*setup): [] for setup in setups}
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            for value in rotated(args.groups_per_call, repeat):
-                config = base.model_copy(update={"engine_call_max_groups": value})
+            for groups, swap in rotated(setups, repeat):
+                config = base.model_copy(update={"engine_call_max_groups": groups,
+                                                 "weight_swap": swap})
                 records = run_mode(config, "async+partial", Path(tmp), factory,
-                                   f"bench-cp-{value}-{repeat}")
-                runs[value].append(run_medians(records))
-                row = runs[value][-1]
-                print(f"  repeat {repeat} groups/call {value:2d}: step "
+                                   f"bench-cp-{groups}-{swap}-{repeat}")
+                label = _label(groups, swap)
+                runs[label].append(run_medians(records))
+                row = runs[label][-1]
+                print(f"  repeat {repeat} {label}: step "
                       f"{1000 * row['step_s']:.1f} ms, control plane "
                       f"{1000 * row['time/control_plane_s']:.1f} ms, manager CPU share "
                       f"{row.get(P + 'manager_cpu_share', float('nan')):.2f}", flush=True)
@@ -97,10 +104,14 @@ def main() -> None:
     print(f"(bench wall time {time.monotonic() - started:.0f} s)")
 
 
-def print_table(runs: dict[int, list[dict[str, float]]]) -> None:
-    """One column per ``--engine-call-max-groups`` value: median (min-max) over its runs."""
+def _label(groups: int, swap: str) -> str:
+    return f"{groups} group(s) per call, {swap}"
+
+
+def print_table(runs: dict[str, list[dict[str, float]]]) -> None:
+    """One column per set-up (groups per call, weight swap): median (min-max) over its runs."""
     values = list(runs)
-    print("\n| per step | " + " | ".join(f"{v} group(s) per call" for v in values) + " |")
+    print("\n| per step | " + " | ".join(values) + " |")
     print("|---|" + "---|" * len(values))
     for label, key, scale in ROWS:
         cells = []

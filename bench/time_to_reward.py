@@ -3,6 +3,7 @@
     python bench/time_to_reward.py [--steps 100] [--seeds 1 2 3] [--threshold 0.4]
                                    [--engines cpu device] [--device-ms-per-token 15] [--quick]
                                    [--corrections none decoupled tis]
+                                   [--weight-swaps pause in-flight]
 
 What a user buys fully-async for is reaching a given reward sooner, not steps per second. On
 the default task and config, each mode (``sync``, ``async``, ``async+partial``; see
@@ -72,13 +73,17 @@ def main() -> None:
     parser.add_argument("--corrections", nargs="+", choices=["none", "decoupled", "tis"],
                         default=None, help="run each async mode with each of these "
                         "off-policy corrections (default: the RunConfig default only)")
+    parser.add_argument("--weight-swaps", nargs="+", choices=["pause", "in-flight"],
+                        default=None, help="run each async mode with each of these "
+                        "--weight-swap values (default: the RunConfig default only)")
     parser.add_argument("--tis-cap", type=float, default=None,
                         help="the corrections' --tis-cap (default: the RunConfig default)")
     parser.add_argument("--device-ms-per-token", type=float, default=15.0)
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 12 steps, seed 1, threshold 0.05, device engines")
     args = parser.parse_args()
-    args.modes = with_corrections(expand_modes(args.modes, args.staleness), args.corrections)
+    args.modes = with_corrections(expand_modes(args.modes, args.staleness, args.weight_swaps),
+                                  args.corrections)
     if args.quick:
         args.steps, args.seeds, args.threshold, args.engines = 12, [1], 0.05, ["device"]
     os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
@@ -96,7 +101,8 @@ def main() -> None:
                 factory = engine_factory(engines, args.device_ms_per_token)
                 for mode in rotated(args.modes, index):
                     label, _, correction = mode.partition("/")
-                    slug = mode.replace("+", "-").replace("@", "-s").replace("/", "-")
+                    slug = (mode.replace("+", "-").replace("@", "-s").replace("/", "-")
+                            .replace("~", "-"))
                     config = (base.model_copy(update={"off_policy_correction": correction})
                               if correction else base)
                     records = run_mode(config, label, Path(tmp), factory,

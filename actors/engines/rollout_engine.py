@@ -9,31 +9,20 @@ Control methods (pause, updates, health) run in their own concurrency group, so 
 queued behind generate calls blocked on a pause. It implements
 :class:`~actors.engines.engine_protocol.RolloutEngineProtocol`, where the semantics are stated.
 
-State and its rules (kept in the one :class:`~actors.engines.engine_state.EngineState`, shared
-with the vLLM engine):
-
-- ``version``: the label of the loaded weights; 0 at launch, then whatever the publisher
-  stamps through :meth:`update_weight_version`. Every response token is stamped with the
-  version of the weights that computed it (``Sample.token_versions``, beside its log-prob);
-  weights never change under a token being computed: loading needs every call paused.
-- ``epoch``: the highest publisher epoch seen. :meth:`begin_update`, :meth:`load_weights`,
-  :meth:`update_weight_version` and :meth:`continue_generation` (with an epoch) from a lower
-  epoch raise :class:`~actors.errors.StaleEpochError` and change nothing: the ledger fences the
-  record, the engines fence the tensors.
-- ``paused``: new generate calls wait (up to ``paused_wait_timeout_s``, then come back
-  ABORTED). In-flight calls stop at the next token boundary and, by the pause mode
-  (``partial_rollout``): come back ABORTED (``abort``), or park there and continue under the
-  new weights when resumed (``in_place``; parked longer than ``paused_wait_timeout_s``, they
-  come back ABORTED with what they generated).
+Its version label, epoch fence, pause flag and staged update live in the one
+:class:`~actors.engines.engine_state.EngineState` (shared with the vLLM engine, rules stated
+there). Every response token is stamped with the version of the weights that computed it
+(``Sample.token_versions``, beside its log-prob); weights never change under a token being
+computed: loading needs every call paused (``abort`` mode: in-flight calls come back ABORTED;
+``in_place``: they park at a token boundary and continue under the new weights).
 
 An in-flight update (``--weight-swap in-flight``) never stops the engine for the transfer:
 :meth:`stage_weights` receives the next weights beside the serving ones while generation goes
 on, and :meth:`swap_and_stamp`, after the ledger's commit, takes them at the next token
 boundary of every call (a pause that lasts one in-memory copy), stamps and resumes.
 
-A decode step extends a key/value cache (:mod:`actors.engines.decoding`); a parked call starts
-a new one, so tokens after an update are computed wholly by the new weights, their log-probs
-exactly the new policy's.
+A parked call restarts its key/value cache (:mod:`actors.engines.decoding`): its tokens after
+an update are the new weights' alone, log-probs included.
 """
 
 from __future__ import annotations
@@ -51,7 +40,7 @@ from actors.engines.decoding import StepDecoder
 from actors.engines.engine_protocol import pause_mode
 from actors.engines.engine_state import EngineState, StagedUpdate
 from actors.engines.group_batches import GroupBatches
-from actors.engines.sampling import Decoding, SamplingParams, build_samples, top_p_filter
+from actors.engines.sampling import Decoding, SamplingParams, build_samples, sample_next
 from actors.errors import EngineStateError
 from actors.policies.policy import (
     PolicyConfig,
@@ -215,8 +204,6 @@ class RolloutEngine:
         n_samples = len(rollout.responses)
         tokens = torch.tensor([list(prompt.tokens)] * n_samples, dtype=torch.long,
                               device=self.device)
-        responses, log_probs, finished = rollout.responses, rollout.log_probs, rollout.finished
-        temperature = self.sampling.temperature
         version, decoder = rollout.start_version, StepDecoder(self.model)
         for _ in range(max_new_tokens or self.sampling.max_new_tokens):
             if self.state.paused:  # read without the lock: seen at the next boundary
@@ -233,26 +220,14 @@ class RolloutEngine:
                 break
             self._before_token()
             logits = self._forward_step(tokens, decoder)
-            step_log_probs = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
-            if temperature == 0:
-                next_tokens = logits.argmax(dim=-1)
-            else:
-                probs = top_p_filter(step_log_probs.exp(), self.sampling.top_p)
-                with self._rng_lock:
-                    next_tokens = torch.multinomial(probs, 1, generator=self._generator)[:, 0]
-            chosen = step_log_probs.gather(-1, next_tokens[:, None])[:, 0].tolist()
+            next_tokens, chosen = sample_next(logits, self.sampling, self._generator,
+                                              self._rng_lock)
             with self.state.lock:
                 self.state.counters["decode_steps"] += 1
-            picked = next_tokens.tolist()  # one device-to-host copy per step
-            for row in range(n_samples):
-                if not finished[row]:
-                    responses[row].append(picked[row])
-                    log_probs[row].append(chosen[row])
-                    rollout.token_versions[row].append(version)
-                    finished[row] = picked[row] == eos_id
-            if all(finished):
+            # One device-to-host copy per step.
+            if rollout.extend(next_tokens.tolist(), chosen, version, eos_id):
                 break
-            done = torch.tensor(finished, device=self.device)
+            done = torch.tensor(rollout.finished, device=self.device)
             next_tokens = next_tokens.masked_fill(done, pad_id)
             tokens = torch.cat([tokens, next_tokens[:, None]], dim=1)
         return False
@@ -308,10 +283,9 @@ class RolloutEngine:
     @ray.method(concurrency_group=CONTROL)
     def load_weights(self, tensors: dict[str, torch.Tensor], epoch: int,
                      transport: str = "full") -> str:
-        """Step 3 (3b): copy the transferred tensors in place; returns their checksum as received.
-
-        ``full`` needs every tensor of the model, ``lora`` exactly its adapter tensors. The
-        version label does not change (that is the stamp's job, after the commit).
+        """Step 3 (3b): copy the transferred tensors in place (``full``: every tensor of the
+        model, ``lora``: exactly its adapters); returns their checksum as received. The label
+        does not change (that is the stamp's job, after the commit).
 
         Raises:
             StaleEpochError: ``epoch`` is lower than the highest seen; nothing changes.
@@ -344,13 +318,12 @@ class RolloutEngine:
             PolicyError: the tensors do not match the model; nothing changes.
             ValueError: unknown transport.
         """
-        transport = Transport.parse(transport)
-        tensors = open_weights(tensors)
+        tensors, transport = open_weights(tensors), Transport.parse(transport)
         check_tensors(self.model, tensors, adapters_only=transport is Transport.LORA)
-        checksum = tensors_checksum(tensors)
+        staged = StagedUpdate(tensors, str(transport), epoch, tensors_checksum(tensors))
         with self.state.lock:
-            self.state.stage(StagedUpdate(tensors, str(transport), epoch, checksum))
-        return checksum
+            self.state.stage(staged)
+        return staged.checksum
 
     @ray.method(concurrency_group=CONTROL)
     def swap_and_stamp(self, version: int, epoch: int) -> dict[str, Any]:

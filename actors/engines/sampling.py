@@ -5,6 +5,7 @@ rewards through the task, per-token versions). Engine-independent; no Ray.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -14,7 +15,8 @@ import torch
 from actors.engines.scoring import score_group
 from orchestrator.rollout.types import Prompt, Sample, SampleStatus
 
-__all__ = ["DecodedRow", "Decoding", "SamplingParams", "build_samples", "distinct", "top_p_filter"]
+__all__ = ["DecodedRow", "Decoding", "SamplingParams", "build_samples", "distinct", "sample_next",
+           "top_p_filter"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,21 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return probs * keep
 
 
+def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+                rng_lock: threading.Lock) -> tuple[torch.Tensor, list[float]]:
+    """One decode step's tokens from the last position's ``logits [rows, vocab]`` (greedy at
+    temperature 0, else from the nucleus), and each chosen token's unfiltered
+    ``log_softmax(logits / temperature)``. ``generator`` is drawn under ``rng_lock``."""
+    step_log_probs = torch.log_softmax(logits / (params.temperature or 1.0), dim=-1)
+    if params.temperature == 0:
+        next_tokens = logits.argmax(dim=-1)
+    else:
+        probs = top_p_filter(step_log_probs.exp(), params.top_p)
+        with rng_lock:
+            next_tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return next_tokens, step_log_probs.gather(-1, next_tokens[:, None])[:, 0].tolist()
+
+
 def distinct(versions: Sequence[int]) -> list[int]:
     """``versions`` without repeats, in the order first seen."""
     return list(dict.fromkeys(versions))
@@ -90,6 +107,18 @@ class Decoding:
         return cls(start_version, [[] for _ in range(n_samples)],
                    [[] for _ in range(n_samples)], [[] for _ in range(n_samples)],
                    [False] * n_samples)
+
+    def extend(self, tokens: Sequence[int], log_probs: Sequence[float], version: int,
+               eos_id: int) -> bool:
+        """Append one decode step's token (with its log-prob and ``version``) to every
+        unfinished row; a row finishes at ``eos_id``. Returns whether every row is finished."""
+        for row, token in enumerate(tokens):
+            if not self.finished[row]:
+                self.responses[row].append(token)
+                self.log_probs[row].append(log_probs[row])
+                self.token_versions[row].append(version)
+                self.finished[row] = token == eos_id
+        return all(self.finished)
 
     def rows(self, aborted: bool) -> list[DecodedRow]:
         """The rows as finished: COMPLETED (EOS), else ABORTED if ``aborted``, else

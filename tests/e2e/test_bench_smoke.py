@@ -70,7 +70,7 @@ def test_ledger_growth_bench_prints_both_backends_with_a_clean_verify() -> None:
 def test_control_plane_bench_prints_every_phase_for_each_batch_size() -> None:
     out = run_quick("control_plane.py", timeout=900)
 
-    assert "| 1 group(s) per call | 8 group(s) per call |" in out, out
+    assert "| 1 group(s) per call, in-flight | 8 group(s) per call, in-flight |" in out, out
     for row in ("| control plane (ms) |", "|   update: commit (ms) |", "| provenance (ms) |",
                 "| manager CPU share of a core |", "| engine calls |"):
         assert row in out, out
