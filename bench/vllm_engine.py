@@ -40,7 +40,7 @@ from actors.policies.policy import PolicyConfig
 from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
 from actors.train_cell import TrainCell
-from actors.engines.vllm_engine import VLLM_ENGINE_ACTOR_OPTIONS, VLLMEngine
+from actors.engines.vllm.engine import VLLM_ENGINE_ACTOR_OPTIONS, VLLMEngine
 from ledger import Ledger
 from orchestrator.config import RunConfig
 from orchestrator.control.driver import JobOptions, run_job

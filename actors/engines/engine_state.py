@@ -34,8 +34,8 @@ __all__ = ["EngineState", "StagedUpdate"]
 @dataclass(frozen=True)
 class StagedUpdate:
     """Weights received by an in-flight update, not yet serving: what the engine loads at the
-    swap (its own form: tensors for the built-in engine), the transport, the publisher's epoch
-    and the checksum of what was received."""
+    swap (its own form; ``None`` where the engine already wrote them into a standby copy), the
+    transport, the publisher's epoch and the checksum of what was received."""
 
     weights: Any
     transport: str

@@ -9,20 +9,13 @@ Control methods (pause, updates, health) run in their own concurrency group, so 
 queued behind generate calls blocked on a pause. It implements
 :class:`~actors.engines.engine_protocol.RolloutEngineProtocol`, where the semantics are stated.
 
-Its version label, epoch fence, pause flag and staged update live in the one
-:class:`~actors.engines.engine_state.EngineState` (shared with the vLLM engine, rules stated
-there). Every response token is stamped with the version of the weights that computed it
-(``Sample.token_versions``, beside its log-prob); weights never change under a token being
-computed: loading needs every call paused (``abort`` mode: in-flight calls come back ABORTED;
-``in_place``: they park at a token boundary and continue under the new weights).
-
-An in-flight update (``--weight-swap in-flight``) never stops the engine for the transfer:
-:meth:`stage_weights` receives the next weights beside the serving ones while generation goes
-on, and :meth:`swap_and_stamp`, after the ledger's commit, takes them at the next token
-boundary of every call (a pause that lasts one in-memory copy), stamps and resumes.
-
-A parked call restarts its key/value cache (:mod:`actors.engines.decoding`): its tokens after
-an update are the new weights' alone, log-probs included.
+Its label, epoch fence, pause flag and staged update live in the one
+:class:`~actors.engines.engine_state.EngineState` (shared with the vLLM engine). Every token is
+stamped with the version of the weights that computed it (``Sample.token_versions``, beside
+its log-prob). A paused update loads in place with every call paused (``abort``: in-flight
+calls come back ABORTED; ``in_place``: they park and restart their key/value cache). An
+in-flight one (``--weight-swap in-flight``) loads a standby copy while the engine generates
+and swaps it in without waiting for a step (:mod:`actors.engines.weight_buffers`).
 """
 
 from __future__ import annotations
@@ -41,6 +34,7 @@ from actors.engines.engine_protocol import pause_mode
 from actors.engines.engine_state import EngineState, StagedUpdate
 from actors.engines.group_batches import GroupBatches
 from actors.engines.sampling import Decoding, SamplingParams, build_samples, sample_next
+from actors.engines.weight_buffers import Serving, WeightBuffers
 from actors.errors import EngineStateError
 from actors.policies.policy import (
     PolicyConfig,
@@ -105,11 +99,12 @@ class RolloutEngine:
         self.pause_mode = pause_mode(partial_rollout)
         config = PolicyConfig.from_value(policy_config)
         self.device = select_device(device)
-        self.model = build_policy(backend, config, seed).to(self.device, torch_dtype(dtype)).eval()
+        model = build_policy(backend, config, seed).to(self.device, torch_dtype(dtype)).eval()
         self.max_sequence_length = config.max_sequence_length
         self._generator = torch.Generator(device=self.device).manual_seed(seed * 1_000_003 + 17)
         self._rng_lock = threading.Lock()
         self.state = EngineState(engine_id)  # in_flight: calls not yet returned, parked too
+        self._buffers = WeightBuffers(model, self.state.lock)  # serving copy, its version
         self.state.counters.update(parked_calls=0, resumed_calls=0, decode_steps=0)
         self._running = 0  # calls computing a token (not parked); under state.lock
         self._abort_token = 0  # bumped by an abort-mode pause; under state.lock
@@ -117,6 +112,11 @@ class RolloutEngine:
                                      ROLLOUT_ENGINE_ACTOR_OPTIONS["max_concurrency"])
 
     # ---------------------------------------------------------------------------- helpers
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The policy copy that serves."""
+        return self._buffers.serving.model
 
     def pid(self) -> int:
         """The process id of this engine (tests kill it from outside)."""
@@ -152,11 +152,11 @@ class RolloutEngine:
                 return self._samples(prompt, group_index, empty, aborted=True)
             state.in_flight += 1
             self._running += 1
-            abort_token, version = self._abort_token, state.version
-        rollout = Decoding.empty(n_samples, version)
+            abort_token, serving = self._abort_token, self._buffers.serving
+        rollout = Decoding.empty(n_samples, serving.version)
         aborted = True
         try:
-            aborted = self._sample(prompt, rollout, abort_token, max_new_tokens)
+            aborted = self._sample(prompt, rollout, serving, abort_token, max_new_tokens)
         finally:
             with state.lock:
                 state.in_flight -= 1
@@ -175,57 +175,56 @@ class RolloutEngine:
         for it). A hook for engines that model extra per-step time (tests, benchmarks)."""
 
     def _forward_step(self, tokens: torch.Tensor, decoder: StepDecoder) -> torch.Tensor:
-        """One decode step of the model: the last position's logits ``[rows, vocab]``. A
-        pause waits for the step in progress (benchmark doubles model a device step here)."""
+        """One decode step: the last position's logits ``[rows, vocab]`` (a pause waits for
+        it; a swap does not; benchmark doubles model a device step here)."""
         return decoder.logits(tokens)
 
-    def _park(self) -> int | None:
-        """Wait at a token boundary while paused (``in_place``). Returns the version to go on
-        with, or None if the pause outlasted ``paused_wait_timeout_s`` (the call aborts)."""
+    def _park(self) -> bool:
+        """Wait at a token boundary while paused (``in_place``). Returns False if the pause
+        outlasted ``paused_wait_timeout_s`` (the call aborts)."""
         state = self.state
         with state.lock:
             if not state.paused:
-                return state.version
+                return True
             self._running -= 1
             state.counters["parked_calls"] += 1
             state.lock.notify_all()  # a pause waiting for running calls may now return
             unpaused = state.wait_unpaused(time.monotonic() + self.paused_wait_timeout_s)
             self._running += 1
-            if not unpaused:
-                return None
-            state.counters["resumed_calls"] += 1
-            return state.version
+            state.counters["resumed_calls"] += unpaused
+            return unpaused
 
     @torch.inference_mode()
-    def _sample(self, prompt: Prompt, rollout: Decoding, abort_token: int,
+    def _sample(self, prompt: Prompt, rollout: Decoding, serving: Serving, abort_token: int,
                 max_new_tokens: int | None = None) -> bool:
-        """Decode into ``rollout`` token by token; True if the call was aborted."""
+        """Decode into ``rollout`` token by token, starting on ``serving``; True if the call
+        was aborted. Each step takes the serving copy and version anew: after a swap, the
+        call goes on on the new copy with a new key/value cache."""
         eos_id, pad_id = self.task.tokenizer.eos_id, self.task.tokenizer.pad_id
         n_samples = len(rollout.responses)
         tokens = torch.tensor([list(prompt.tokens)] * n_samples, dtype=torch.long,
                               device=self.device)
-        version, decoder = rollout.start_version, StepDecoder(self.model)
+        decoder = StepDecoder(serving.model)
         for _ in range(max_new_tokens or self.sampling.max_new_tokens):
             if self.state.paused:  # read without the lock: seen at the next boundary
-                if not self.partial_rollout:
+                if not self.partial_rollout or not self._park():
                     return True
-                resumed = self._park()
-                if resumed is None:
-                    return True
-                version = resumed
                 decoder.restart()  # the weights may have changed while it was parked
-            if self._abort_token != abort_token:
-                return True
             if tokens.shape[1] >= self.max_sequence_length:
                 break
             self._before_token()
-            logits = self._forward_step(tokens, decoder)
+            with self._buffers.step() as now:
+                if self._abort_token != abort_token:  # read after the copy: never both new
+                    return True
+                if now.model is not serving.model:  # an in-flight swap
+                    decoder = StepDecoder(now.model)
+                serving = now
+                logits = self._forward_step(tokens, decoder)
             next_tokens, chosen = sample_next(logits, self.sampling, self._generator,
                                               self._rng_lock)
             with self.state.lock:
                 self.state.counters["decode_steps"] += 1
-            # One device-to-host copy per step.
-            if rollout.extend(next_tokens.tolist(), chosen, version, eos_id):
+            if rollout.extend(next_tokens.tolist(), chosen, serving.version, eos_id):  # 1 copy
                 break
             done = torch.tensor(rollout.finished, device=self.device)
             next_tokens = next_tokens.masked_fill(done, pad_id)
@@ -303,15 +302,17 @@ class RolloutEngine:
                     "load weights"
                 )
             load_tensors(self.model, tensors, adapters_only=transport is Transport.LORA)
+            self._buffers.drop_standby()
             self.state.counters["weight_loads"] += 1
             return tensors_checksum(tensors)
 
     @ray.method(concurrency_group=CONTROL)
     def stage_weights(self, tensors: dict[str, torch.Tensor], epoch: int,
                       transport: str = "full") -> str:
-        """In-flight step 3b: receive the next weights beside the serving ones, without
-        pausing; returns their checksum as received. Generation goes on under the loaded
-        weights and their label until :meth:`swap_and_stamp`. A newer stage replaces this one.
+        """In-flight step 3b: write the next weights into the standby copy
+        (:mod:`actors.engines.weight_buffers`) without pausing; returns their checksum as
+        received. Generation goes on under the serving copy and its label until
+        :meth:`swap_and_stamp`. A newer stage replaces this one.
 
         Raises:
             StaleEpochError: ``epoch`` is lower than the highest seen; nothing changes.
@@ -319,19 +320,23 @@ class RolloutEngine:
             ValueError: unknown transport.
         """
         tensors, transport = open_weights(tensors), Transport.parse(transport)
-        check_tensors(self.model, tensors, adapters_only=transport is Transport.LORA)
-        staged = StagedUpdate(tensors, str(transport), epoch, tensors_checksum(tensors))
+        adapters_only = transport is Transport.LORA
+        check_tensors(self.model, tensors, adapters_only)
+        staged = StagedUpdate(None, str(transport), epoch, tensors_checksum(tensors))
         with self.state.lock:
-            self.state.stage(staged)
+            self.state.check_epoch("stage_weights", epoch)  # refused before any wait
+            self._buffers.wait_standby_idle()  # releases the lock while it waits
+            self.state.stage(staged)  # checks the epoch again: a newer stage may have come
+            self._buffers.load_standby(tensors, adapters_only)
         return staged.checksum
 
     @ray.method(concurrency_group=CONTROL)
     def swap_and_stamp(self, version: int, epoch: int) -> dict[str, Any]:
-        """In-flight step 5: at the next token boundary of every call, load the weights staged
-        at ``epoch``, stamp them ``version`` and resume, under one lock. Calls in flight stop
-        for that copy only: in ``in_place`` mode they continue under the new weights (their
-        later tokens carry ``version``, their key/value caches are rebuilt), in ``abort`` mode
-        they come back ABORTED. Returns what :meth:`stamp_and_resume` returns.
+        """In-flight step 5: make the copy staged at ``epoch`` serve as ``version`` (resuming
+        the engine if it was paused). Waits for no decode step: a step in progress finishes
+        on the old copy under the old label; each call takes the new copy at its next step
+        (``in_place``: its later tokens carry ``version``; ``abort``: it comes back ABORTED).
+        Returns what :meth:`stamp_and_resume` returns.
 
         Raises:
             StaleEpochError: ``epoch`` is lower than the highest seen; nothing changes.
@@ -340,17 +345,10 @@ class RolloutEngine:
         """
         with self.state.lock:
             self.state.check_swap(version, epoch)
-            paused_before = self.state.paused
-            self.pause()  # returns once no call computes a token; waits release the lock
-            try:
-                staged = self.state.check_swap(version, epoch)  # a newer stage may have come
-            except Exception:
-                if not paused_before:
-                    self.state.resume()
-                raise
-            load_tensors(self.model, staged.weights,
-                         adapters_only=Transport.parse(staged.transport) is Transport.LORA)
+            self._buffers.swap(version)
             self.state.swapped(version, epoch)
+            if not self.partial_rollout:
+                self._abort_token += 1  # no sample may span versions
             self.state.resume()
             return {"engine_id": self.engine_id, "resume_error": None}
 
@@ -365,6 +363,7 @@ class RolloutEngine:
         """
         with self.state.lock:
             self.state.stamp(version, epoch)
+            self._buffers.relabel(version)
             return self.engine_id
 
     @ray.method(concurrency_group=CONTROL)
@@ -380,6 +379,7 @@ class RolloutEngine:
         """
         with self.state.lock:
             self.state.stamp(version, epoch)
+            self._buffers.relabel(version)
             self.state.resume()
             return {"engine_id": self.engine_id, "resume_error": None}
 

@@ -2,7 +2,7 @@
 
 Its parameter names (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``, ...) are
 the ones vLLM's Llama loader takes, so a weight update hands the trainer's tensors to a vLLM
-engine as they are (:mod:`actors.engines.vllm_engine`). The megatron-core backend reaches the same
+engine as they are (:mod:`actors.engines.vllm.engine`). The megatron-core backend reaches the same
 names through :mod:`actors.policies.megatron_llama`.
 
 Where the model comes from (:func:`ensure_task_model`): a directory the user names

@@ -357,3 +357,98 @@ def test_an_in_flight_swap_lands_mid_sample_with_exact_per_token_versions_and_lo
                 float(by_version[version][position]), abs=1e-4
             ), (position, version)
     ray.kill(engine)
+
+
+class _HeldStepEngine(RolloutEngine):
+    """Test double: a decode step can be held mid-step (a long device step) and released."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.hold = threading.Event()
+        self.held = threading.Event()
+        self.release = threading.Event()
+
+    def _forward_step(self, tokens, decoder):
+        logits = super()._forward_step(tokens, decoder)
+        if self.hold.is_set():
+            self.hold.clear()
+            self.held.set()
+            self.release.wait(timeout=30)
+        return logits
+
+
+def test_a_swap_waits_for_no_step_and_the_step_in_progress_keeps_the_old_label() -> None:
+    engine = _HeldStepEngine("engine-0", "torch", LONG_CONFIG, seed=0, task=TASK,
+                             sampling=LONG_SAMPLING, partial_rollout=True)
+    old_model = build_policy("torch", LONG_CONFIG, seed=0).eval()
+    new_model = build_policy("torch", LONG_CONFIG, seed=1).eval()
+    engine.stage_weights(collect_weights(new_model, "full"), epoch=1)
+    results: list = []
+    worker = threading.Thread(
+        target=lambda: results.append(engine.generate(TASK.make_prompt(0), 4, 0)))
+    engine.hold.set()
+    worker.start()
+    assert engine.held.wait(timeout=30), "the step was never held"
+    held_at = engine.health()["decode_steps"]  # tokens decoded before the held step
+
+    swapper = threading.Thread(target=engine.swap_and_stamp, args=(1, 1))
+    swapper.start()
+    swapper.join(timeout=10)  # returns while the step is still held
+    swapped_while_held = not swapper.is_alive() and not engine.release.is_set()
+    restage = threading.Thread(target=engine.stage_weights,
+                               args=(collect_weights(old_model, "full"), 1))
+    restage.start()  # the old copy is now the standby, with the held step still on it
+    restage.join(timeout=1)
+    stage_waited = restage.is_alive()
+    engine.release.set()
+    restage.join(timeout=30)
+    worker.join(timeout=60)
+
+    assert swapped_while_held and stage_waited and not restage.is_alive()
+    assert engine.health()["version"] == 1
+    samples = results[0]
+    spanning = _spanning(samples)
+    assert spanning, [s.token_versions for s in samples]
+    for sample in spanning:
+        # The held step was the old copy's: its token (index held_at) is labelled 0.
+        assert sample.token_versions[:held_at + 1] == [0] * (held_at + 1)
+        assert set(sample.token_versions[held_at + 1:]) == {1}
+        tokens = torch.tensor([sample.prompt_tokens + sample.response_tokens])
+        start = len(sample.prompt_tokens) - 1
+        end = start + len(sample.response_tokens)
+        with torch.no_grad():
+            by_version = {
+                0: token_log_probs_of(old_model, tokens)[0, start:end],
+                1: token_log_probs_of(new_model, tokens)[0, start:end],
+            }
+        for position, version in enumerate(sample.token_versions):
+            assert sample.rollout_log_probs[position] == pytest.approx(
+                float(by_version[version][position]), abs=1e-4), (position, version)
+
+
+def test_an_abort_mode_swap_returns_calls_in_flight_with_old_tokens_only() -> None:
+    engine = _HeldStepEngine("engine-0", "torch", LONG_CONFIG, seed=0, task=TASK,
+                             sampling=LONG_SAMPLING, partial_rollout=False)
+    engine.stage_weights(collect_weights(build_policy("torch", LONG_CONFIG, seed=1), "full"),
+                         epoch=1)
+    results: list = []
+    worker = threading.Thread(
+        target=lambda: results.append(engine.generate(TASK.make_prompt(0), 4, 0)))
+    engine.hold.set()
+    worker.start()
+    assert engine.held.wait(timeout=30)
+
+    engine.swap_and_stamp(1, 1)
+    engine.release.set()
+    worker.join(timeout=60)
+
+    samples = results[0]
+    assert any(s.status is SampleStatus.ABORTED for s in samples)
+    assert all(set(s.token_versions) <= {0} for s in samples)
+    assert all(s.weight_versions == [1] for s in engine.generate(TASK.make_prompt(1), 2, 1))
+
+
+def token_log_probs_of(model, tokens):
+    from actors.grpo import token_log_probs
+
+    return token_log_probs(model(tokens), tokens)

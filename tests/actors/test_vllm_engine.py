@@ -30,7 +30,7 @@ from actors.policies.hf_policy import (  # noqa: E402
 from actors.llama_cell import LlamaTrainCell  # noqa: E402
 from actors.policies.policy import PolicyError, adapter_state_dict  # noqa: E402
 from actors.task import TOKENIZER, AdditionTask  # noqa: E402
-from actors.engines.vllm_engine import VLLM_ENGINE_ACTOR_OPTIONS, VLLMEngine  # noqa: E402
+from actors.engines.vllm.engine import VLLM_ENGINE_ACTOR_OPTIONS, VLLMEngine  # noqa: E402
 from actors.publishing.weight_sync import tensors_checksum  # noqa: E402
 from ledger import Ledger  # noqa: E402
 from orchestrator.rollout.types import SampleStatus  # noqa: E402

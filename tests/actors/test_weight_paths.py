@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from actors.engines.vllm_args import engine_arguments
+from actors.engines.vllm.args import engine_arguments
 from actors.weight_paths import (
     CUDA_IPC,
     OBJECT_STORE,

@@ -79,7 +79,7 @@ def create_vllm_engine(config: RunConfig, engine_id: str, num_cpus: float,
     ``num_gpus``)."""
     import ray
 
-    from actors.engines.vllm_engine import VLLM_ENGINE_ACTOR_OPTIONS, VLLMEngine
+    from actors.engines.vllm.engine import VLLM_ENGINE_ACTOR_OPTIONS, VLLMEngine
     from orchestrator.control.task_setup import run_task
 
     options = {**VLLM_ENGINE_ACTOR_OPTIONS, "num_cpus": num_cpus, **actor_options}

@@ -8,9 +8,9 @@ plain class, made remote where it is allocated, as a threaded actor::
 
     Engine = ray.remote(**VLLM_ENGINE_ACTOR_OPTIONS)(VLLMEngine)
 
-How it drives vLLM (0.32, V1, CPU or CUDA: :mod:`actors.engines.vllm_args`): one in-process
+How it drives vLLM (0.32, V1, CPU or CUDA: :mod:`actors.engines.vllm.args`): one in-process
 ``LLMEngine`` (no engine-core subprocess: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so killing the
-actor kills the engine), stepped by one thread of ours (:mod:`actors.engines.vllm_serving`).
+actor kills the engine), stepped by one thread of ours (:mod:`actors.engines.vllm.serving`).
 
 - **Weights**: ``collective_rpc("reload_weights", weights_iterator=[(hf_name, tensor)])``, then
   ``reset_prefix_cache(reset_running_requests=True)``: without it a cached prefix computed
@@ -18,7 +18,7 @@ actor kills the engine), stepped by one thread of ours (:mod:`actors.engines.vll
   parked in flight, the reset preempts them, so their KV is recomputed under the new weights
   when they continue: their later tokens' log-probs are exactly the new weights' over the whole
   sequence, which is what the trainer recomputes. LoRA updates are merged
-  (:mod:`actors.engines.vllm_weights`).
+  (:mod:`actors.engines.vllm.weights`).
 - **Pause modes** (fixed at build, ``partial_rollout``): ``in_place`` freezes requests
   mid-sequence with vLLM's scheduler pause in ``keep`` mode (``EngineCore.pause_scheduler``,
   what ``AsyncLLM.pause_generation(mode="keep")`` calls) and stops stepping; ``abort`` aborts
@@ -43,14 +43,14 @@ from actors.engines.engine_protocol import pause_mode
 from actors.engines.engine_state import EngineState, StagedUpdate
 from actors.engines.group_batches import GroupBatches
 from actors.engines.sampling import SamplingParams
-from actors.engines.vllm_args import (
+from actors.engines.vllm.args import (
     DEFAULT_KV_CACHE_BYTES,
     VLLM_ENVIRONMENT,
     engine_arguments,
     start_vllm,
 )
-from actors.engines.vllm_serving import VLLMServing
-from actors.engines.vllm_weights import EngineWeights
+from actors.engines.vllm.serving import VLLMServing
+from actors.engines.vllm.weights import EngineWeights
 from actors.errors import EngineStateError, PolicyError
 from actors.policies.hf_policy import HFPolicyConfig, hf_config, read_checkpoint
 from actors.task import AdditionTask
@@ -90,7 +90,7 @@ class VLLMEngine:
         gpu_memory_utilization: float | None = None,
     ) -> None:
         """Start vLLM on ``policy.model_dir`` (eager, in-process) on ``device`` in ``dtype``
-        (:func:`actors.engines.vllm_args.engine_arguments`); version 0 = the directory's
+        (:func:`actors.engines.vllm.args.engine_arguments`); version 0 = the directory's
         weights, which the trainer must also start from.
 
         Raises:

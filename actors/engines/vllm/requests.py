@@ -1,4 +1,4 @@
-"""How a :class:`~actors.engines.vllm_engine.VLLMEngine` maps samples onto vLLM requests: one
+"""How a :class:`~actors.engines.vllm.engine.VLLMEngine` maps samples onto vLLM requests: one
 request per sample (a :class:`Track`), vLLM's sampling parameters, the delivery of each
 ``step()``'s new tokens stamped with the version the engine held during that step, and the
 finished tracks as rows for :func:`actors.engines.sampling.build_samples`.

@@ -1,5 +1,5 @@
-"""How a :class:`~actors.engines.vllm_engine.VLLMEngine` serves ``generate``: one vLLM request
-per sample (:mod:`actors.engines.vllm_requests`), and the one thread that steps vLLM.
+"""How a :class:`~actors.engines.vllm.engine.VLLMEngine` serves ``generate``: one vLLM request
+per sample (:mod:`actors.engines.vllm.requests`), and the one thread that steps vLLM.
 
 Each ``step()`` is one token for every running request, so "between tokens" is "between
 steps", and every token is stamped with the version the engine held during its step. The
@@ -20,7 +20,7 @@ from typing import Any
 
 from actors.engines.engine_state import EngineState
 from actors.engines.sampling import SamplingParams, build_samples
-from actors.engines.vllm_requests import Track, deliver, request_params, track_rows
+from actors.engines.vllm.requests import Track, deliver, request_params, track_rows
 from orchestrator.rollout.types import Prompt, Sample
 
 __all__ = ["VLLMServing"]

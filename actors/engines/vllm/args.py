@@ -1,4 +1,4 @@
-"""How a :class:`~actors.engines.vllm_engine.VLLMEngine` starts vLLM, on CPU or on CUDA.
+"""How a :class:`~actors.engines.vllm.engine.VLLMEngine` starts vLLM, on CPU or on CUDA.
 
 One in-process V1 ``LLMEngine``, eager (no CUDA graphs, no torch.compile: startup in seconds,
 which a short run and the GPU check need more than peak decode speed), with processed
