@@ -161,6 +161,22 @@ def _spanning(samples):
     return [s for s in samples if len(set(s.token_versions)) > 1]
 
 
+def _assert_each_token_is_its_versions_weights(sample, models) -> None:
+    """Every response token's logged log-prob equals the log-prob the model of the version it
+    is stamped with gives it (``models``: version -> policy)."""
+    from actors.grpo import token_log_probs
+
+    tokens = torch.tensor([sample.prompt_tokens + sample.response_tokens])
+    start = len(sample.prompt_tokens) - 1
+    end = start + len(sample.response_tokens)
+    with torch.no_grad():
+        by_version = {version: token_log_probs(model(tokens), tokens)[0, start:end]
+                      for version, model in models.items()}
+    for position, version in enumerate(sample.token_versions):
+        assert sample.rollout_log_probs[position] == pytest.approx(
+            float(by_version[version][position]), abs=1e-4), (position, version)
+
+
 def test_in_place_pause_parks_a_call_past_the_timeout_then_it_aborts_with_its_tokens() -> None:
     engine = RolloutEngine("engine-0", "torch", LONG_CONFIG, seed=0, task=TASK,
                            sampling=LONG_SAMPLING, paused_wait_timeout_s=0.3,
@@ -190,7 +206,6 @@ def test_in_place_pause_parks_a_call_past_the_timeout_then_it_aborts_with_its_to
 def test_partial_rollout_sample_spans_the_update_with_exact_per_token_versions_and_log_probs(
         ray_cluster) -> None:
     """A real engine actor, paused in place mid-generation by the real update sequence."""
-    from actors.grpo import token_log_probs
     from actors.publishing.weight_sync import (
         begin_engine_update,
         finalize_and_resume_engines,
@@ -226,18 +241,7 @@ def test_partial_rollout_sample_spans_the_update_with_exact_per_token_versions_a
     for sample in spanning:
         assert sample.weight_versions == [0, 1]
         assert sample.oldest_weight_version == 0 and sample.version_span == 1
-        tokens = torch.tensor([sample.prompt_tokens + sample.response_tokens])
-        start = len(sample.prompt_tokens) - 1
-        end = start + len(sample.response_tokens)
-        with torch.no_grad():
-            by_version = {
-                0: token_log_probs(old_model(tokens), tokens)[0, start:end],
-                1: token_log_probs(new_model(tokens), tokens)[0, start:end],
-            }
-        for position, version in enumerate(sample.token_versions):
-            assert sample.rollout_log_probs[position] == pytest.approx(
-                float(by_version[version][position]), abs=1e-4
-            ), (position, version)
+        _assert_each_token_is_its_versions_weights(sample, {0: old_model, 1: new_model})
     # Staleness uses the older version: measured at version 2 the group is 2 stale.
     verdict = StalenessFilter(max_weight_staleness=2).screen(
         Group(group_index=0, samples=samples), lambda _at_least: 2)
@@ -304,7 +308,6 @@ def test_an_in_flight_swap_lands_mid_sample_with_exact_per_token_versions_and_lo
         ray_cluster) -> None:
     """A real engine actor keeps generating while the update sequence's in-flight steps stage
     the next weights, then swaps them in between two of the sample's tokens."""
-    from actors.grpo import token_log_probs
     from actors.publishing.weight_sync import (
         await_loaded,
         finalize_and_resume_engines,
@@ -344,18 +347,7 @@ def test_an_in_flight_swap_lands_mid_sample_with_exact_per_token_versions_and_lo
         assert sample.token_versions == sorted(sample.token_versions)
         # Tokens decoded while the weights were staged are the old weights' (version 0).
         assert sample.token_versions[:during["decode_steps"]].count(0) >= 4
-        tokens = torch.tensor([sample.prompt_tokens + sample.response_tokens])
-        start = len(sample.prompt_tokens) - 1
-        end = start + len(sample.response_tokens)
-        with torch.no_grad():
-            by_version = {
-                0: token_log_probs(old_model(tokens), tokens)[0, start:end],
-                1: token_log_probs(new_model(tokens), tokens)[0, start:end],
-            }
-        for position, version in enumerate(sample.token_versions):
-            assert sample.rollout_log_probs[position] == pytest.approx(
-                float(by_version[version][position]), abs=1e-4
-            ), (position, version)
+        _assert_each_token_is_its_versions_weights(sample, {0: old_model, 1: new_model})
     ray.kill(engine)
 
 
@@ -413,17 +405,7 @@ def test_a_swap_waits_for_no_step_and_the_step_in_progress_keeps_the_old_label()
         # The held step was the old copy's: its token (index held_at) is labelled 0.
         assert sample.token_versions[:held_at + 1] == [0] * (held_at + 1)
         assert set(sample.token_versions[held_at + 1:]) == {1}
-        tokens = torch.tensor([sample.prompt_tokens + sample.response_tokens])
-        start = len(sample.prompt_tokens) - 1
-        end = start + len(sample.response_tokens)
-        with torch.no_grad():
-            by_version = {
-                0: token_log_probs_of(old_model, tokens)[0, start:end],
-                1: token_log_probs_of(new_model, tokens)[0, start:end],
-            }
-        for position, version in enumerate(sample.token_versions):
-            assert sample.rollout_log_probs[position] == pytest.approx(
-                float(by_version[version][position]), abs=1e-4), (position, version)
+        _assert_each_token_is_its_versions_weights(sample, {0: old_model, 1: new_model})
 
 
 def test_an_abort_mode_swap_returns_calls_in_flight_with_old_tokens_only() -> None:
@@ -446,9 +428,3 @@ def test_an_abort_mode_swap_returns_calls_in_flight_with_old_tokens_only() -> No
     assert any(s.status is SampleStatus.ABORTED for s in samples)
     assert all(set(s.token_versions) <= {0} for s in samples)
     assert all(s.weight_versions == [1] for s in engine.generate(TASK.make_prompt(1), 2, 1))
-
-
-def token_log_probs_of(model, tokens):
-    from actors.grpo import token_log_probs
-
-    return token_log_probs(model(tokens), tokens)

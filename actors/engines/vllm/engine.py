@@ -261,12 +261,7 @@ class VLLMEngine:
             self._reload(self.weights.plan(staged.weights, staged.transport))
             with self.state.lock:
                 self.state.swapped(version, epoch)
-            try:
-                self._resume()
-            except Exception as exc:  # noqa: BLE001 - stamped: the caller must still hear so
-                return {"engine_id": self.engine_id,
-                        "resume_error": f"{type(exc).__name__}: {exc}"}
-        return {"engine_id": self.engine_id, "resume_error": None}
+            return self._resume_stamped()
 
     @ray.method(concurrency_group=CONTROL)
     def update_weight_version(self, version: int, epoch: int) -> str:
@@ -306,11 +301,15 @@ class VLLMEngine:
         with self._engine_lock:
             with self.state.lock:
                 self.state.stamp(version, epoch)
-            try:
-                self._resume()
-            except Exception as exc:  # noqa: BLE001 - stamped: the caller must still hear so
-                return {"engine_id": self.engine_id,
-                        "resume_error": f"{type(exc).__name__}: {exc}"}
+            return self._resume_stamped()
+
+    def _resume_stamped(self) -> dict[str, Any]:
+        """Resume a stamped engine (the caller holds the engine lock); the step-5 answer, with
+        a failed resume reported, not raised: the caller must hear that the stamp landed."""
+        try:
+            self._resume()
+        except Exception as exc:  # noqa: BLE001 - stamped: the caller must still hear so
+            return {"engine_id": self.engine_id, "resume_error": f"{type(exc).__name__}: {exc}"}
         return {"engine_id": self.engine_id, "resume_error": None}
 
     def _resume(self) -> None:
