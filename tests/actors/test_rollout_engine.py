@@ -161,6 +161,21 @@ def _spanning(samples):
     return [s for s in samples if len(set(s.token_versions)) > 1]
 
 
+def _generating_in_place():
+    """A real in-place engine actor two decode steps into a 64-sample call: the actor, the
+    call's pending result, and the policies of versions 0 (its own) and 1 (different)."""
+    Engine = ray.remote(**ROLLOUT_ENGINE_ACTOR_OPTIONS)(RolloutEngine)
+    engine = Engine.remote("engine-0", "torch", LONG_CONFIG, 0, TASK, LONG_SAMPLING,
+                           partial_rollout=True)
+    old_model = build_policy("torch", LONG_CONFIG, seed=0).eval()
+    new_model = build_policy("torch", LONG_CONFIG, seed=1).eval()
+    ray.get(engine.health.remote())
+    pending = engine.generate.remote(TASK.make_prompt(0), 64, 0)
+    wait_until(lambda: ray.get(engine.health.remote(), timeout=30)["decode_steps"] >= 2,
+               what="two decode steps")
+    return engine, pending, old_model, new_model
+
+
 def _assert_each_token_is_its_versions_weights(sample, models) -> None:
     """Every response token's logged log-prob equals the log-prob the model of the version it
     is stamped with gives it (``models``: version -> policy)."""
@@ -214,16 +229,7 @@ def test_partial_rollout_sample_spans_the_update_with_exact_per_token_versions_a
     from orchestrator.rollout.staleness import Action, StalenessFilter
     from orchestrator.rollout.types import Group
 
-    Engine = ray.remote(**ROLLOUT_ENGINE_ACTOR_OPTIONS)(RolloutEngine)
-    engine = Engine.remote("engine-0", "torch", LONG_CONFIG, 0, TASK, LONG_SAMPLING,
-                           partial_rollout=True)
-    old_model = build_policy("torch", LONG_CONFIG, seed=0).eval()
-    new_model = build_policy("torch", LONG_CONFIG, seed=1).eval()
-    ray.get(engine.health.remote())
-
-    pending = engine.generate.remote(TASK.make_prompt(0), 64, 0)
-    wait_until(lambda: ray.get(engine.health.remote(), timeout=30)["decode_steps"] >= 2,
-               what="two decode steps")
+    engine, pending, old_model, new_model = _generating_in_place()
     health = begin_engine_update([engine], epoch=1)[0]
     transfer_weights([engine], collect_weights(new_model, "full"), epoch=1, transport="full")
     report = finalize_and_resume_engines([engine], version=1, epoch=1)
@@ -316,16 +322,7 @@ def test_an_in_flight_swap_lands_mid_sample_with_exact_per_token_versions_and_lo
     )
     from actors.transport import WeightSwap
 
-    Engine = ray.remote(**ROLLOUT_ENGINE_ACTOR_OPTIONS)(RolloutEngine)
-    engine = Engine.remote("engine-0", "torch", LONG_CONFIG, 0, TASK, LONG_SAMPLING,
-                           partial_rollout=True)
-    old_model = build_policy("torch", LONG_CONFIG, seed=0).eval()
-    new_model = build_policy("torch", LONG_CONFIG, seed=1).eval()
-    ray.get(engine.health.remote())
-
-    pending = engine.generate.remote(TASK.make_prompt(0), 64, 0)
-    wait_until(lambda: ray.get(engine.health.remote(), timeout=30)["decode_steps"] >= 2,
-               what="two decode steps")
+    engine, pending, old_model, new_model = _generating_in_place()
     staged = stage_weights([engine], collect_weights(new_model, "full"))
     await_loaded(send_staged_weights([engine], staged, 1, "full", WeightSwap.IN_FLIGHT),
                  staged, swap=WeightSwap.IN_FLIGHT)
