@@ -70,7 +70,13 @@ def publisher_setup(ray_cluster, sqlite_url: str):
     engines = [Engine.remote(f"engine-{i}", "torch", CONFIG, 0, TASK) for i in range(2)]
     cells = [Cell.remote(f"cell-{i}", "torch", CONFIG, 0, ledger_url=sqlite_url, run_id=RUN)
              for i in range(2)]
-    ray.get(cells[0].train_step.remote(_batch(engines[0], 0)))
+    # A batch whose rewards are all equal has no learning signal and changes nothing: train
+    # until cell-0's weights differ from the engines' (sampling decides how many batches).
+    launched = ray.get(cells[0].weights_checksum.remote())
+    for start in range(0, 64, 8):
+        ray.get(cells[0].train_step.remote(_batch(engines[0], start)))
+        if ray.get(cells[0].weights_checksum.remote()) != launched:
+            break
     ledger = Ledger.open(sqlite_url)
     ledger.start_run(RUN)
     epoch = ledger.promote(RUN, "cell-0", reason="start")
