@@ -37,9 +37,13 @@ __all__ = [
 ]
 
 
-# Built once (as the head read is): building a statement costs as much as running it on SQLite.
+# Built once (as the head read is): building a statement costs as much as running it on SQLite,
+# and an append runs four of them.
 _INSERT_EVENT = ledger_events.insert()
 _INSERT_USES = version_uses.insert()
+_LOCK_HEAD = sa.select(run_heads).where(run_heads.c.run_id == sa.bindparam("run_id"))
+_LOCK_HEAD_FOR_UPDATE = _LOCK_HEAD.with_for_update()
+_MOVE_HEAD = run_heads.update().where(run_heads.c.run_id == sa.bindparam("head_run_id"))
 
 
 def _utcnow() -> datetime:
@@ -56,6 +60,10 @@ PREV_HASH = (
            _PREVIOUS.c.seq == ledger_events.c.seq - 1)
     .scalar_subquery()
     .label("prev_hash")
+)
+_BY_IDEMPOTENCY_KEY = sa.select(ledger_events, PREV_HASH).where(
+    ledger_events.c.run_id == sa.bindparam("run_id"),
+    ledger_events.c.idempotency_key == sa.bindparam("idempotency_key"),
 )
 
 
@@ -120,10 +128,8 @@ def lock_head(conn: sa.Connection, run_id: str) -> Head | None:
     # rolled-back append leaves no hole: the numbers are taken only by what commits.
     # (A sequence or autoincrement would hand out numbers at insert time instead: a rollback
     # leaves a gap, and two inserts can become visible in the other order.)
-    query = sa.select(run_heads).where(run_heads.c.run_id == run_id)
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update()
-    row = conn.execute(query).first()
+    query = _LOCK_HEAD_FOR_UPDATE if conn.dialect.name == "postgresql" else _LOCK_HEAD
+    row = conn.execute(query, {"run_id": run_id}).first()
     if row is None:
         return None
     return Head(
@@ -184,10 +190,7 @@ def append_locked(
             epoch, or engines stamped ahead of the head.
     """
     existing = conn.execute(
-        sa.select(ledger_events, PREV_HASH).where(
-            ledger_events.c.run_id == run_id,
-            ledger_events.c.idempotency_key == idempotency_key,
-        )
+        _BY_IDEMPOTENCY_KEY, {"run_id": run_id, "idempotency_key": idempotency_key}
     ).first()
     if existing is not None:
         stored = row_to_event(existing)
@@ -244,15 +247,10 @@ def append_locked(
     if uses:
         conn.execute(_INSERT_USES, uses)
     conn.execute(
-        run_heads.update()
-        .where(run_heads.c.run_id == run_id)
-        .values(
-            last_seq=seq,
-            head_version=new_head.version,
-            epoch=new_head.epoch,
-            publisher_cell=new_head.publisher_cell,
-            head_hash=digest,
-        )
+        _MOVE_HEAD,
+        {"head_run_id": run_id, "last_seq": seq, "head_version": new_head.version,
+         "epoch": new_head.epoch, "publisher_cell": new_head.publisher_cell,
+         "head_hash": digest},
     )
     return Event(
         run_id=run_id, seq=seq, kind=kind.value, payload=payload, recorded_at=recorded_at,

@@ -111,6 +111,23 @@ def test_a_fenced_publisher_never_pauses_an_engine(publishing) -> None:
     assert ledger.head(RUN).epoch == newer
 
 
+def test_in_flight_a_fenced_publisher_stages_nothing_in_an_engine(publishing) -> None:
+    """In flight, step 1 is written while the cell stages; a fenced write still ends the
+    update before anything reaches an engine."""
+    ledger, epoch, cell, engine = publishing
+    ledger.promote(RUN, "cell-1", reason="failover")
+    initial = engine.weights_checksum()
+    events_before = len(_kinds(ledger))
+
+    with pytest.raises(FencedError):
+        cell.update_weights([engine], epoch, swap=WeightSwap.IN_FLIGHT)
+
+    health = engine.health()
+    assert (health["paused"], health["version"], health["weight_stages"]) == (False, 0, 0)
+    assert engine.weights_checksum() == initial
+    assert len(_kinds(ledger)) == events_before
+
+
 def test_a_failure_after_the_commit_leaves_an_unstamped_version_and_the_next_is_head_plus_one(
         publishing) -> None:
     ledger, epoch, cell, engine = publishing
