@@ -17,18 +17,17 @@ section 5 with the same numbers:
 6. record ``engines_stamped`` and return an :class:`UpdateReport` carrying the committed head
    ``(v, e)``; pushing it to the rollout manager is the control plane's next move.
 
-In-flight (``swap=WeightSwap.IN_FLIGHT``) the engines never stop for steps 1-4: step 1 is
-written while 3a stages (both finish before anything is sent), step 2 is skipped, step 3b
-stages the weights in engines that keep generating, and step 5 is one ``swap_and_stamp`` per
-engine, which makes them serve at once, stamps and resumes (``AFTER_PAUSE`` is never
-reached). A death before step 4 then leaves every engine serving its old weights under its
-old label; one after it, the same, with the version committed and unstamped.
+In-flight (``swap=WeightSwap.IN_FLIGHT``) the engines never stop for steps 1-4: step 2 is
+skipped, step 3b stages the weights in engines that keep generating, and step 5 is one
+``swap_and_stamp`` per engine, which loads them at its next token boundary, stamps and resumes
+(``AFTER_PAUSE`` is never reached). A death before step 4 then leaves every engine serving
+its old weights under its old label; one after it, the same, with the version committed and
+unstamped.
 
-Paused (the function's default; the job's is in flight), a death before step 4 leaves engines
-paused with unlabelled weights and no new version; the next publisher transfers again. A death
-after it leaves a committed but unstamped version, which the audit reports; the next commit is
-still head + 1. A failure in steps 2-3 records ``weight_update_aborted`` (best effort) before
-it is raised.
+Paused (the default here), a death before step 4 leaves engines paused with unlabelled
+weights and no new version; the next publisher transfers again. A death after it leaves a committed but unstamped version,
+which the audit reports; the next commit is still head + 1. A failure in steps 2-3 records
+``weight_update_aborted`` (best effort) before it is raised.
 
 Fault points are named hooks inside the sequence (:class:`UpdatePoint`): the sequence calls
 ``at_point(point)`` after each step, so a drill that arms a fault on the cell
@@ -43,7 +42,6 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -70,7 +68,7 @@ logger = logging.getLogger(__name__)
 class UpdatePoint(StrEnum):
     """The named points of the sequence, in the order it passes them (after the step named)."""
 
-    AFTER_STARTED = "after-started"  # 1 recorded; the pause (2) is being sent (in flight: 3a too)
+    AFTER_STARTED = "after-started"  # 1 recorded; the pause (2) is being sent
     AFTER_STAGE = "after-stage"  # 3a staged; engines may still be draining their step
     AFTER_PAUSE = "after-pause"  # 2 awaited: no engine computes (never reached in flight)
     MID_TRANSFER = "mid-transfer"  # 3b sent to every engine, not yet acknowledged
@@ -172,29 +170,6 @@ class _Clock:
         self._last = now
 
 
-def _stage_while_starting(records: PublisherRecords, engines: Sequence[Any], epoch: int,
-                          train_step: int, transport: Transport,
-                          stage: Callable[[Sequence[Any]], StagedWeights],
-                          clock: _Clock) -> StagedWeights:
-    """Steps 1 and 3a at once (in flight): the fenced ``weight_update_started`` is written on a
-    second thread while this one stages, and both are done before anything reaches an engine,
-    so a fenced cell still sends nothing. Staging touches only the cell's own tensors.
-    ``clock`` gets ``stage``, then ``started`` (the wait for the write after staging).
-
-    Raises:
-        ledger.FencedError: not the publisher at ``epoch`` (what was staged is dropped).
-    """
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="update-started") as writer:
-        started = writer.submit(records.update_started, epoch, train_step, transport)
-        try:
-            staged = stage(engines)
-        finally:
-            clock.lap("stage")
-            started.result()  # its error, if any, wins: a fenced cell must learn it is fenced
-        clock.lap("started")
-    return staged
-
-
 def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int, *,
                    train_step: int, transport: Transport, adapter: str | None,
                    stage: Callable[[Sequence[Any]], StagedWeights],
@@ -227,18 +202,13 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
     deadline = EngineDeadline.after(engine_timeout_s)
     swap = WeightSwap(swap)
     try:
-        if swap is WeightSwap.PAUSE:
-            records.update_started(epoch, train_step, transport)  # 1
-            clock.lap("started")
-            pausing = request_engine_pause(engines, epoch)  # 2 (sent)
-            at_point(UpdatePoint.AFTER_STARTED)
-            staged = stage(engines)  # 3a
-            clock.lap("stage")
-        else:
-            pausing = None
-            staged = _stage_while_starting(records, engines, epoch, train_step, transport,
-                                           stage, clock)  # 1 and 3a
-            at_point(UpdatePoint.AFTER_STARTED)
+        records.update_started(epoch, train_step, transport)  # 1
+        clock.lap("started")
+        pausing = (request_engine_pause(engines, epoch)  # 2 (sent)
+                   if swap is WeightSwap.PAUSE else None)
+        at_point(UpdatePoint.AFTER_STARTED)
+        staged = stage(engines)  # 3a
+        clock.lap("stage")
         at_point(UpdatePoint.AFTER_STAGE)
         if pausing is not None:
             await_engine_pause(pausing, deadline)  # 2 (awaited)

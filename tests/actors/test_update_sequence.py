@@ -112,8 +112,8 @@ def test_a_fenced_publisher_never_pauses_an_engine(publishing) -> None:
 
 
 def test_in_flight_a_fenced_publisher_stages_nothing_in_an_engine(publishing) -> None:
-    """In flight, step 1 is written while the cell stages; a fenced write still ends the
-    update before anything reaches an engine."""
+    """In flight there is no pause to withhold: a fenced step 1 still ends the update before
+    anything is staged in an engine."""
     ledger, epoch, cell, engine = publishing
     ledger.promote(RUN, "cell-1", reason="failover")
     initial = engine.weights_checksum()
