@@ -86,7 +86,7 @@ class RunConfig(DeviceOptions, TaskOptions):
     )
     n_samples_per_prompt: int = Field(default=8, ge=1, description="samples per prompt group")
     max_weight_staleness: int | None = Field(
-        default=2, ge=0,
+        default=1, ge=0,
         description="max version lag of a trained group; null in --config turns it off",
     )
     async_unused_samples_handler: Literal["drop", "retry"] = Field(

@@ -14,7 +14,7 @@ def test_defaults_suit_a_short_cpu_run():
 
     assert config.rollout_batch_size == 16
     assert config.n_samples_per_prompt == 8
-    assert config.max_weight_staleness == 2
+    assert config.max_weight_staleness == 1
     assert config.async_unused_samples_handler == "retry"
     assert config.buffer_capacity == 32
     assert config.backend == "torch" and config.transport == "full"
