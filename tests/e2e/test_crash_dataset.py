@@ -34,8 +34,10 @@ KILL_AFTER_STEPS = 5  # 20 rows trained: mid-epoch 0
 
 def _orchestrator(runs_dir: Path, files: dict[str, Path], db: str | None,
                   *args: str) -> subprocess.Popen:
+    # Bound 2: the kill must find rows in flight (at 1 the producer seldom runs ahead).
     flags = ["--num-rollout", str(STEPS), "--rollout-batch-size", str(BATCH),
-             "--n-samples-per-prompt", "4", "--save-interval", "2", "--no-progress",
+             "--n-samples-per-prompt", "4", "--max-weight-staleness", "2",
+             "--save-interval", "2", "--no-progress",
              "--run-id", RUN, "--prompt-data", str(files["data"]), "--tokenizer",
              str(files["tokenizer"]), "--rollout-shuffle", "--apply-chat-template",
              "--custom-rm-path", "tests.reward_fixtures.exact", *(["--db", db] if db else [])]

@@ -23,9 +23,11 @@ from tests.waiting import wait_until
 RUN = "crash"
 STEPS = 18
 KILL_AFTER_STEPS = 6
+# A staleness bound of 2 lets the producer run a batch ahead, so the kill finds prompts drained
+# or generating but not trained: the case this test is about (at 1 it often finds none).
 JOB_FLAGS = ["--num-rollout", str(STEPS), "--rollout-batch-size", "4",
              "--n-samples-per-prompt", "4", "--save-interval", "3", "--no-progress",
-             "--run-id", RUN]
+             "--max-weight-staleness", "2", "--run-id", RUN]
 
 
 def _orchestrator(runs_dir: Path, *args: str) -> subprocess.Popen:
