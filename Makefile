@@ -27,12 +27,14 @@ $(INSTALLED): setup.cfg pyproject.toml
 	touch $(INSTALLED)
 
 # The vllm, tracking and data extras (--engine vllm, --backend hf, --tracker, --prompt-data),
-# torch kept at the pin.
+# torch kept at the pin. Then vLLM inspects the task's Llama once (about 20 s), filling the
+# cache every engine's first start would otherwise fill in a subprocess of its own.
 install-vllm: $(VLLM_INSTALLED)
 
 $(VLLM_INSTALLED): $(INSTALLED)
 	$(BIN)/pip install --quiet $(TORCH_PIN) -e '.[dev,vllm,tracking,data]'
 	$(BIN)/pip uninstall --quiet --yes $(VLLM_UNUSED)
+	$(BIN)/python -m actors.engines.vllm.warm_cache
 	touch $(VLLM_INSTALLED)
 
 # A GPU machine: the registry's CUDA build of torch (the same release as the CPU pin) and vLLM's

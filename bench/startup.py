@@ -6,7 +6,9 @@ Variants run alternately (:func:`_report.rotated`), so a machine that gets busie
 through loads every variant alike:
 
 - engines: ``builtin`` (the default job) and, when vLLM is installed, ``vllm``
-  (``--backend hf --engine vllm``); ``--engines builtin`` runs the default job alone;
+  (``--backend hf --engine vllm``: the job makes its task model first) and ``vllm-model``
+  (the same with ``--model DIR``, a task model made once beforehand, as ``bench/vs_peer.py``
+  runs it); ``--engines builtin`` runs the default job alone;
 - checkouts: ``--source DIR`` (repeatable; default this one) runs the CLI of each checkout of
   this project given (``git worktree`` of two commits, say), to compare start-ups side by side.
 
@@ -42,7 +44,8 @@ from pathlib import Path
 from _report import machine_line, median_spread, rotated
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINE_ARGS = {"builtin": [], "vllm": ["--backend", "hf", "--engine", "vllm"]}
+ENGINE_ARGS = {"builtin": [], "vllm": ["--backend", "hf", "--engine", "vllm"],
+               "vllm-model": ["--backend", "hf", "--engine", "vllm", "--model", "{model}"]}
 PHASES = ("interpreter + imports", "checks + ledger", "ray.init", "actors", "step 1")
 # The CLI, with the driver's start-up lines on stderr (the CLI itself configures no logging).
 LAUNCHER = ("import logging, sys; logging.basicConfig(level=logging.WARNING, format='%(message)s');"
@@ -60,15 +63,18 @@ class Run:
     phases: dict[str, float] = field(default_factory=dict)
 
 
-def launch_once(source: Path, engine: str, runs_dir: Path, steps: int, timeout: float) -> Run:
-    """Launch ``orchestrator run`` from ``source`` once and time it to step 1.
+def launch_once(source: Path, engine: str, runs_dir: Path, steps: int, timeout: float,
+                model: Path | None = None) -> Run:
+    """Launch ``orchestrator run`` from ``source`` once and time it to step 1 (``model``: the
+    directory of the ``vllm-model`` variant).
 
     Raises:
         RuntimeError: the run failed or wrote no step.
     """
     env = {**os.environ, "RAY_DISABLE_USAGE_STATS": "1", "PYTHONPATH": str(source)}
     command = [sys.executable, "-c", LAUNCHER, "run", "--num-rollout", str(steps),
-               "--runs-dir", str(runs_dir), "--no-progress", *ENGINE_ARGS[engine]]
+               "--runs-dir", str(runs_dir), "--no-progress",
+               *(argument.format(model=model) for argument in ENGINE_ARGS[engine])]
     launched = time.time()
     done = subprocess.run(command, cwd=source, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
@@ -92,6 +98,15 @@ def launch_once(source: Path, engine: str, runs_dir: Path, steps: int, timeout: 
         }
     run.phases["step 1"] = step_s
     return run
+
+
+def task_model(directory: Path) -> Path:
+    """The task's tiny Llama for the ``vllm-model`` variant, made once by this checkout."""
+    sys.path.insert(0, str(ROOT))
+    from actors.policies.hf_policy import ensure_task_model
+    from actors.task import TOKENIZER
+
+    return ensure_task_model(directory, TOKENIZER.symbols, seed=1)
 
 
 def _cell(values: list[float]) -> str:
@@ -118,7 +133,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="runs per variant")
     parser.add_argument("--engines", default=None,
-                        help="comma-separated: builtin,vllm (default: vllm too when installed)")
+                        help="comma-separated: builtin,vllm,vllm-model (default: builtin and "
+                             "vllm, vllm when installed)")
     parser.add_argument("--source", action="append", type=Path, default=[],
                         help="a checkout to run (repeatable; default: this one)")
     parser.add_argument("--steps", type=int, default=3, help="--num-rollout of each run")
@@ -138,10 +154,11 @@ def main() -> None:
     print(f"start-up of `orchestrator run --num-rollout {args.steps}`; {machine_line()}")
     results: dict[str, list[Run]] = {label(*variant): [] for variant in variants}
     with tempfile.TemporaryDirectory(prefix="startup-bench-") as scratch:
+        model = task_model(Path(scratch) / "model") if "vllm-model" in engines else None
         for repeat in range(args.repeats):
             for number, (source, engine) in enumerate(rotated(variants, repeat)):
                 runs_dir = Path(scratch) / f"r{repeat}-{number}"
-                run = launch_once(source, engine, runs_dir, args.steps, args.timeout)
+                run = launch_once(source, engine, runs_dir, args.steps, args.timeout, model)
                 results[label(source, engine)].append(run)
                 print(f"  {label(source, engine)}: {run.total_s:.2f} s", file=sys.stderr,
                       flush=True)

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from actors.policies.policy import PolicyError
+from actors.policies.task_vocabulary import check_task_vocabulary, offline
 from ledger.store.atomic_files import replace_directory
 
 __all__ = [
@@ -100,9 +101,7 @@ class TinyLlamaSizes:
 
 
 def _offline() -> None:
-    # Belt and braces: no code path of ours may reach a hub.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    offline()  # belt and braces: no code path of ours may reach a hub
     # Progress bars for a model of a few hundred kB only clutter the run's terminal.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from transformers.utils import logging as transformers_logging
@@ -127,30 +126,6 @@ def hf_config(model_dir: str | Path) -> Any:
         raise PolicyError(f"{model_dir}: model_type {config.model_type!r} is not supported "
                           "(the HF backend and the vLLM engine take Llama checkpoints)")
     return config
-
-
-def check_task_vocabulary(model_dir: str | Path, symbols: Sequence[str]) -> None:
-    """Check that the tokenizer in ``model_dir`` maps ``symbols[i]`` to id ``i``.
-
-    Raises:
-        PolicyError: no tokenizer, or a symbol with another id (the model would be trained on
-            ids that mean something else to it).
-    """
-    _offline()
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise PolicyError(f"no tokenizer in {model_dir}: {exc}") from None
-    vocabulary = tokenizer.get_vocab()
-    wrong = [(s, i, vocabulary.get(s)) for i, s in enumerate(symbols) if vocabulary.get(s) != i]
-    if wrong:
-        raise PolicyError(
-            f"{model_dir}: the tokenizer does not speak the task's vocabulary "
-            f"(symbol, task id, model id): {wrong[:4]}; the addition task needs a model whose "
-            "tokenizer maps its symbols to its ids (omit --model to get one)"
-        )
 
 
 def _save_task_tokenizer(directory: Path, symbols: Sequence[str]) -> None:

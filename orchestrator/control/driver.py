@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from ledger.audit.witness import Witness, write_checkpoint_witness
 from ledger.run_layout import RunLayout, default_ledger_url
 from orchestrator.config import RunConfig
 from orchestrator.control import evaluation, launch, task_setup
-from orchestrator.control.engine_pool.vllm_launch import resolve_model
+from orchestrator.control.engine_pool.vllm_launch import plan_model
 from orchestrator.control.job_options import JobOptions, JobResult, StepHooks, new_run_id
 from orchestrator.control.provenance_recorder import ProvenanceRecorder
 from orchestrator.control.publisher import Publisher
@@ -67,18 +68,24 @@ def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
     # Absolute: the actors open it too, and a worker's directory is not the driver's.
     ledger_url = config.db or default_ledger_url(layout.run_dir.resolve())
     config = config.model_copy(update={"run_id": run_id, "db": ledger_url})
-    config = resolve_model(config, layout.run_dir)  # --engine vllm: the Llama every actor loads
+    model = plan_model(config, layout.run_dir)  # --engine vllm: the Llama every actor loads
+    config = model.config
     launch.check_cluster_ledger(config, ledger_url, options.ray_address)
     # Every check that can refuse the run at once is done: torch (for the cells' rendezvous
-    # store) loads while the ledger opens and Ray starts.
+    # store) loads, and the task model of a vLLM run is made, while the ledger opens and Ray
+    # starts (mostly waiting on Ray's processes).
     preload = launch.preload_in_background("torch.distributed")
-    with contextlib.ExitStack() as cleanup:  # undone in reverse: job, ledger, preload
+    with contextlib.ExitStack() as cleanup:  # undone in reverse: job, ledger, model, preload
         cleanup.callback(preload.join)
+        background = cleanup.enter_context(
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="rl-ledger-model"))
+        model_made = background.submit(model.make)
         ledger = Ledger.open(ledger_url)
         cleanup.callback(ledger.close)
         logger.info("start-up: ray.init called at %.3f", time.time())
         launch.init_ray(config, options.ray_address)
         logger.info("start-up: ray.init returned at %.3f", time.time())
+        model_made.result()  # StartupError: the task model cannot be made
         config = launch.resolve_devices(config)  # auto -> cuda/cpu, GPUs per actor
         job = TrainingJob(config, ledger, layout, options)
         cleanup.callback(job.shutdown)

@@ -164,3 +164,20 @@ def _sample(prompt, group: int, row: int, reward: float):
     return Sample(index=group * 4 + row, group_index=group, prompt_tokens=list(prompt.tokens),
                   response_tokens=response, rollout_log_probs=[-2.0, -2.0], reward=reward,
                   weight_versions=[0], token_versions=[0, 0])
+
+
+def test_the_vocabulary_read_without_transformers_is_the_tokenizers_own(tmp_path: Path,
+                                                                        task_model: str) -> None:
+    from transformers import AutoTokenizer
+
+    from actors.policies.task_vocabulary import tokenizer_vocabulary
+
+    assert dict(tokenizer_vocabulary(task_model)) == AutoTokenizer.from_pretrained(
+        task_model, local_files_only=True).get_vocab()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "tokenizer.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(PolicyError, match="unreadable"):
+        tokenizer_vocabulary(broken)
+    with pytest.raises(PolicyError, match="no tokenizer"):
+        tokenizer_vocabulary(tmp_path / "empty")

@@ -1,13 +1,16 @@
 """The default job's start-up path (issue 25 item 2): what the driver imports before it needs
-it, the order cells and their store are made in, and the background preload's lifetime.
+it, the order cells and their store are made in, the background preload's lifetime, and a
+vLLM run's model: checked before Ray without torch, made while Ray starts.
 Timings are ``bench/startup.py``'s; these check the mechanisms, without Ray."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -86,3 +89,95 @@ def test_run_job_waits_for_its_preload_when_the_start_fails(monkeypatch, tmp_pat
         run_job(RunConfig(), JobOptions(runs_dir=tmp_path, progress=False, plot=False))
 
     assert len(started) == 1 and not started[0].is_alive()
+
+
+# ----------------------------------------------------------------- --engine vllm: the model
+
+def _task_tokenizer(directory: Path, symbols: list[str]) -> Path:
+    """A directory holding only a ``tokenizer.json`` over ``symbols`` (``tokenizers``
+    alone: no torch, no transformers)."""
+    from tokenizers import Tokenizer, models
+
+    directory.mkdir(parents=True)
+    vocabulary = {symbol: index for index, symbol in enumerate(symbols)}
+    Tokenizer(models.WordLevel(vocab=vocabulary, unk_token="<pad>")).save(
+        str(directory / "tokenizer.json"))
+    return directory
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs the vllm extra")
+def test_a_named_models_vocabulary_is_checked_before_ray_without_torch(tmp_path: Path) -> None:
+    from actors.task import TOKENIZER
+
+    good = _task_tokenizer(tmp_path / "good", list(TOKENIZER.symbols))
+    probe = ("import sys; from pathlib import Path;"
+             " from orchestrator.config import RunConfig;"
+             " from orchestrator.control.engine_pool.vllm_launch import plan_model;"
+             f" plan = plan_model(RunConfig(engine='vllm', backend='hf', model={str(good)!r}),"
+             " Path('unused'));"
+             " print(plan.to_make, plan.config.model, 'torch' in sys.modules,"
+             " 'transformers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True, timeout=120)
+
+    assert done.stdout.split() == ["None", str(good.resolve()), "False", "False"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs the vllm extra")
+def test_a_named_model_that_does_not_speak_the_task_is_refused_before_anything_starts(
+        tmp_path: Path) -> None:
+    from actors.task import TOKENIZER
+    from orchestrator.control.engine_pool.vllm_launch import plan_model
+    from orchestrator.errors import StartupError
+
+    wrong = _task_tokenizer(tmp_path / "wrong", list(reversed(TOKENIZER.symbols)))
+
+    with pytest.raises(StartupError, match="does not speak the task's vocabulary"):
+        plan_model(RunConfig(engine="vllm", backend="hf", model=str(wrong)), tmp_path / "run")
+    with pytest.raises(StartupError, match="no tokenizer"):
+        plan_model(RunConfig(engine="vllm", backend="hf", model=str(tmp_path / "absent")),
+                   tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs the vllm extra")
+def test_the_task_model_is_planned_first_and_made_later(tmp_path: Path) -> None:
+    from actors.policies.task_vocabulary import check_task_vocabulary
+    from actors.task import TOKENIZER
+    from orchestrator.control.engine_pool.vllm_launch import plan_model
+
+    plan = plan_model(RunConfig(engine="vllm", backend="hf", seed=7), tmp_path / "run")
+
+    model_dir = (tmp_path / "run" / "model").resolve()
+    assert plan.to_make == (model_dir, 7) and plan.config.model == str(model_dir)
+    assert not model_dir.exists()  # planning writes nothing
+    plan.make()
+    check_task_vocabulary(model_dir, TOKENIZER.symbols)
+    assert plan_model(RunConfig(), tmp_path / "run").to_make is None  # the built-in engine
+
+
+def test_run_job_makes_the_model_while_ray_starts_and_raises_its_failure(monkeypatch,
+                                                                       tmp_path) -> None:
+    from orchestrator.control.engine_pool.vllm_launch import ModelPlan
+    from orchestrator.errors import StartupError
+
+    ray_starting, model_done = threading.Event(), threading.Event()
+
+    def make(plan: ModelPlan) -> None:
+        assert ray_starting.wait(timeout=30), "the model was made before Ray started"
+        model_done.set()
+        raise StartupError("the task model cannot be made")
+
+    def init_ray(config: RunConfig, address: str | None = None) -> None:
+        ray_starting.set()
+        assert model_done.wait(timeout=30), "the model waited for Ray to start"
+
+    monkeypatch.setattr(driver, "plan_model",
+                        lambda config, run_dir: ModelPlan(config, to_make=(run_dir, 0)))
+    monkeypatch.setattr(ModelPlan, "make", make)
+    monkeypatch.setattr(launch, "init_ray", init_ray)
+
+    with pytest.raises(StartupError, match="cannot be made"):
+        run_job(RunConfig(), JobOptions(runs_dir=tmp_path, progress=False, plot=False))
+
+    assert ray_starting.is_set() and model_done.is_set()

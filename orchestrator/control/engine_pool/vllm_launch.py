@@ -2,60 +2,108 @@
 
 :mod:`orchestrator.control.launch` dispatches here when ``config.engine == "vllm"``. Every
 engine and cell of such a run is built from one local ``save_pretrained`` directory,
-``config.model``, which :func:`resolve_model` fixes before anything starts: the user's
+``config.model``, which :func:`plan_model` fixes before anything starts: the user's
 directory, or a tiny random Llama and tokenizer for the task made under the run directory
-(cached: a resumed run finds the same model). Nothing is downloaded.
+(cached: a resumed run finds the same model), which the driver makes while Ray starts
+(:meth:`ModelPlan.make`). Nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from actors.errors import PolicyError
+from actors.policies.task_vocabulary import check_task_vocabulary
 from actors.transport import Transport
 from orchestrator.config import RunConfig
 from orchestrator.control.placement import devices
 from orchestrator.errors import StartupError
 
-__all__ = ["MODEL_DIR_NAME", "create_llama_cell", "create_vllm_engine", "llama_policy",
-           "resolve_model"]
+__all__ = ["MODEL_DIR_NAME", "ModelPlan", "create_llama_cell", "create_vllm_engine",
+           "llama_policy", "plan_model", "resolve_model"]
 
 MODEL_DIR_NAME = "model"
 
 
-def resolve_model(config: RunConfig, run_dir: Path) -> RunConfig:
-    """The config with ``model`` set to the absolute directory every actor loads.
+@dataclass(frozen=True)
+class ModelPlan:
+    """Where the run's Llama is, from :func:`plan_model`.
 
-    Unchanged for the built-in engine. Otherwise checks that vLLM is installed, makes the task
-    model under ``run_dir/model`` when no ``--model`` was given, and checks that the model's
-    tokenizer speaks the task's symbols.
+    Attributes:
+        config: the run's config with ``model`` set to the absolute directory every actor loads.
+        to_make: the recipe of the tiny task model to make there, or ``None`` when the directory
+            is the user's (``--model``, already checked) or the run is not a vLLM run.
+    """
+
+    config: RunConfig
+    to_make: tuple[Path, int] | None = None
+
+    def make(self) -> None:
+        """Make the task model the plan names (seconds: torch and ``transformers`` load), and
+        check that it speaks the task; nothing when there is none to make.
+
+        Raises:
+            StartupError: the directory holds a model made from other parameters.
+        """
+        if self.to_make is None:
+            return
+        from actors.policies.hf_policy import ensure_task_model
+        from actors.task import TOKENIZER
+
+        directory, seed = self.to_make
+        try:
+            check_task_vocabulary(ensure_task_model(directory, TOKENIZER.symbols, seed=seed),
+                                  TOKENIZER.symbols)
+        except PolicyError as exc:
+            raise StartupError(str(exc)) from None
+
+
+def plan_model(config: RunConfig, run_dir: Path) -> ModelPlan:
+    """Decide which directory the run's engines and cells load, checking what is cheap to check.
+
+    Unchanged for the built-in engine. Otherwise checks that vLLM is installed; a ``--model``
+    directory must speak the task's symbols (read from its ``tokenizer.json``, without torch);
+    with no ``--model``, the task model to make under ``run_dir/model`` is left to
+    :meth:`ModelPlan.make`, which the driver runs while Ray starts.
 
     Raises:
         StartupError: vLLM is not installed, or the model cannot serve the task.
     """
     if config.engine != "vllm":
-        return config
+        return ModelPlan(config)
     if importlib.util.find_spec("vllm") is None:
         raise StartupError("--engine vllm needs vLLM: pip install -e '.[vllm]' "
                            "(make install-vllm does it with the CPU torch)")
-    from actors.policies.hf_policy import check_task_vocabulary, ensure_task_model
-    from actors.policies.policy import PolicyError
-    from actors.task import TOKENIZER
-
     if config.prompt_data:
         # A data-set task reads the model's own tokenizer (RunConfig requires --model).
-        return config.model_copy(update={"model": str(Path(config.model).resolve())})
+        return ModelPlan(config.model_copy(update={"model": str(Path(config.model).resolve())}))
+    if config.model is None:
+        model_dir = (run_dir / MODEL_DIR_NAME).resolve()
+        return ModelPlan(config.model_copy(update={"model": str(model_dir)}),
+                         to_make=(model_dir, config.seed))
+    from actors.task import TOKENIZER
+
     try:
-        if config.model is None:
-            model_dir = ensure_task_model(run_dir / MODEL_DIR_NAME, TOKENIZER.symbols,
-                                          seed=config.seed)
-        else:
-            model_dir = Path(config.model)
-        check_task_vocabulary(model_dir, TOKENIZER.symbols)
+        check_task_vocabulary(config.model, TOKENIZER.symbols)
     except PolicyError as exc:
         raise StartupError(str(exc)) from None
-    return config.model_copy(update={"model": str(Path(model_dir).resolve())})
+    return ModelPlan(config.model_copy(update={"model": str(Path(config.model).resolve())}))
+
+
+def resolve_model(config: RunConfig, run_dir: Path) -> RunConfig:
+    """The config with ``model`` set to the absolute directory every actor loads, the task
+    model made there when no ``--model`` was given: :func:`plan_model` and
+    :meth:`ModelPlan.make` in one call, for a job built without the driver's overlap.
+
+    Raises:
+        StartupError: vLLM is not installed, or the model cannot serve the task.
+    """
+    plan = plan_model(config, run_dir)
+    plan.make()
+    return plan.config
 
 
 def llama_policy(config: RunConfig):
