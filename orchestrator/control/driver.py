@@ -73,7 +73,8 @@ def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
     launch.check_cluster_ledger(config, ledger_url, options.ray_address)
     # Every check that can refuse the run at once is done: torch (for the cells' rendezvous
     # store) loads, and the task model of a vLLM run is made, while the ledger opens and Ray
-    # starts (mostly waiting on Ray's processes).
+    # starts. That shortens the start-up where cores are free; on two cores, which Ray's own
+    # processes already keep busy, it measured the same (README, "Start-up of a vLLM run").
     preload = launch.preload_in_background("torch.distributed")
     with contextlib.ExitStack() as cleanup:  # undone in reverse: job, ledger, model, preload
         cleanup.callback(preload.join)
