@@ -176,6 +176,9 @@ def test_run_job_makes_the_model_while_ray_starts_and_raises_its_failure(monkeyp
                         lambda config, run_dir: ModelPlan(config, to_make=(run_dir, 0)))
     monkeypatch.setattr(ModelPlan, "make", make)
     monkeypatch.setattr(launch, "init_ray", init_ray)
+    # A job that starts its own cluster: with the test session's Ray up, the cluster-ledger
+    # check would join it (through init_ray) before the model is even planned.
+    monkeypatch.setattr(launch, "check_cluster_ledger", lambda *arguments: None)
 
     with pytest.raises(StartupError, match="cannot be made"):
         run_job(RunConfig(), JobOptions(runs_dir=tmp_path, progress=False, plot=False))
