@@ -9,7 +9,7 @@ every publish lands while two groups of the next batch are being generated, so t
 continue under the new weights and are trained with tokens of two versions (per-token
 versions and log-probs). Without partial rollout (pause mode abort) those groups come back
 aborted and are generated again, as the rollout path recycles them; partial rollout is the
-default because it learns as well (last steps within 10%, same seed and steps). With
+default because it learns as well (second half within 10%, mean of seeds 0-2). With
 ``--transport lora``, only the adapters train, at the run's LoRA defaults (rank, alpha,
 learning rate from ``RunConfig``).
 """
@@ -42,6 +42,7 @@ WINDOW = 5
 # both backends and seeds 0-2; the margin below is what chance does not reach.
 MIN_GAIN = 0.2
 MIN_FINAL = 0.25
+LEARNING_SEEDS = (0, 1, 2)  # partial rollout against abort: the mean over these
 
 
 class PacedEngine(RolloutEngine):
@@ -99,12 +100,12 @@ def _publish_while_generating(engine: PacedEngine, cell: TrainCell, epoch: int,
 
 def _learn(backend: str, sqlite_url: str, config: PolicyConfig, *, transport: str = "full",
            learning_rate: float = 3e-3, partial_rollout: bool = True,
-           straddling_groups: int = STRADDLING_GROUPS,
+           straddling_groups: int = STRADDLING_GROUPS, seed: int = 0,
            ) -> tuple[LearningRun, PacedEngine, Ledger]:
-    task = AdditionTask(seed=0)
-    engine = PacedEngine("engine-0", backend, config, seed=0, task=task,
+    task = AdditionTask(seed=seed)
+    engine = PacedEngine("engine-0", backend, config, seed=seed, task=task,
                          partial_rollout=partial_rollout)
-    cell = TrainCell("cell-0", backend, config, seed=0, transport=transport,
+    cell = TrainCell("cell-0", backend, config, seed=seed, transport=transport,
                      learning_rate=learning_rate, ledger_url=sqlite_url, run_id="learn")
     ledger = Ledger.open(sqlite_url)
     ledger.start_run("learn")
@@ -164,24 +165,33 @@ def test_short_grpo_run_raises_mean_reward(backend: str, sqlite_url: str) -> Non
 
 
 def test_partial_rollout_learns_as_well_as_aborting(tmp_path) -> None:
-    """The default's justification: same seed and steps, the mean reward of the second half of
-    the run with partial rollout is within 10% of the run whose updates abort generation in
-    flight. The last 5 steps alone were too noisy (which tokens a group decodes before a pause
-    depends on thread timing): 0.897x in one CI run, 1.09-1.14x in three runs here; over the
-    second half the same machine measured 0.96-1.01x."""
-    config = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
-    runs = {}
-    for partial in (True, False):
-        url = f"sqlite:///{tmp_path / f'partial-{partial}.db'}"
-        runs[partial], _, ledger = _learn("torch", url, config, partial_rollout=partial)
-        ledger.close()
+    """The default's justification: same seeds and steps, the mean reward of the second half
+    of the runs with partial rollout is within 10% of the runs whose updates abort generation
+    in flight, over seeds 0-2.
 
-    late = {partial: statistics.mean(run.rewards[STEPS // 2:]) for partial, run in runs.items()}
-    print(f"steps {STEPS // 2 + 1}-{STEPS}: partial rollout {late[True]:.3f}, abort "
-          f"{late[False]:.3f} ({runs[False].aborted_samples} samples aborted)")
-    assert late[True] >= 0.9 * late[False]
-    assert runs[True].aborted_samples == 0 and runs[True].spanning_samples > 0
-    assert runs[False].aborted_samples > 0 and runs[False].spanning_samples == 0
+    One seed per side was not enough. The straddling groups draw from the engine's one
+    sampling generator in whatever order their threads reach it, and the publish lands at
+    whichever decode step the pacing allows. So every run diverges from its twin after the
+    first publish, and one 40-step trajectory against another is a single draw of a noisy
+    ratio: 0.897x and 0.893x in two CI runs (2026-12-04), 0.96-1.14x elsewhere. The mean over
+    three seeds is what the default rests on."""
+    config = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
+    late: dict[bool, list[float]] = {True: [], False: []}
+    for seed in LEARNING_SEEDS:
+        for partial in (True, False):
+            url = f"sqlite:///{tmp_path / f'partial-{partial}-seed{seed}.db'}"
+            run, _, ledger = _learn("torch", url, config, partial_rollout=partial, seed=seed)
+            ledger.close()
+            late[partial].append(statistics.mean(run.rewards[STEPS // 2:]))
+            if partial:  # paused groups went on under the new weights
+                assert run.aborted_samples == 0 and run.spanning_samples > 0
+            else:  # paused groups were aborted and generated again
+                assert run.aborted_samples > 0 and run.spanning_samples == 0
+
+    mean = {partial: statistics.mean(rewards) for partial, rewards in late.items()}
+    print(f"steps {STEPS // 2 + 1}-{STEPS}, seeds {LEARNING_SEEDS}: partial rollout "
+          f"{late[True]} (mean {mean[True]:.3f}), abort {late[False]} (mean {mean[False]:.3f})")
+    assert mean[True] >= 0.9 * mean[False]
 
 
 def test_lora_run_with_its_defaults_raises_mean_reward(sqlite_url: str) -> None:
