@@ -55,10 +55,10 @@ class ModelPlan:
 
         directory, seed = self.to_make
         try:
-            check_task_vocabulary(ensure_task_model(directory, TOKENIZER.symbols, seed=seed),
-                                  TOKENIZER.symbols)
+            made = ensure_task_model(directory, TOKENIZER.symbols, seed=seed)
         except PolicyError as exc:
             raise StartupError(str(exc)) from None
+        _require_task_vocabulary(made)
 
 
 def plan_model(config: RunConfig, run_dir: Path) -> ModelPlan:
@@ -77,20 +77,23 @@ def plan_model(config: RunConfig, run_dir: Path) -> ModelPlan:
     if importlib.util.find_spec("vllm") is None:
         raise StartupError("--engine vllm needs vLLM: pip install -e '.[vllm]' "
                            "(make install-vllm does it with the CPU torch)")
-    if config.prompt_data:
-        # A data-set task reads the model's own tokenizer (RunConfig requires --model).
-        return ModelPlan(config.model_copy(update={"model": str(Path(config.model).resolve())}))
-    if config.model is None:
+    if config.model is None:  # never with a data set: RunConfig requires --model there
         model_dir = (run_dir / MODEL_DIR_NAME).resolve()
         return ModelPlan(config.model_copy(update={"model": str(model_dir)}),
                          to_make=(model_dir, config.seed))
+    if not config.prompt_data:  # a data-set task reads the model's own tokenizer
+        _require_task_vocabulary(config.model)
+    return ModelPlan(config.model_copy(update={"model": str(Path(config.model).resolve())}))
+
+
+def _require_task_vocabulary(model_dir: str | Path) -> None:
+    """The addition task's check of a model's tokenizer, as a one-line start-up error."""
     from actors.task import TOKENIZER
 
     try:
-        check_task_vocabulary(config.model, TOKENIZER.symbols)
+        check_task_vocabulary(model_dir, TOKENIZER.symbols)
     except PolicyError as exc:
         raise StartupError(str(exc)) from None
-    return ModelPlan(config.model_copy(update={"model": str(Path(config.model).resolve())}))
 
 
 def resolve_model(config: RunConfig, run_dir: Path) -> RunConfig:
