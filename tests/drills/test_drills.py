@@ -195,8 +195,11 @@ def test_a_version_counter_instead_of_the_ledger_turns_the_drill_red(ray_cluster
     # After the failover the counter restarts at 1 while engines serve the ledger's v5+: the
     # staleness of new groups goes negative, which the checker (or the deadline) reports. The
     # deadline counts from the fault: on a loaded machine the start alone can take a minute.
+    # Only a drain requested after the counter's reset can see it, and fully-async requests
+    # each drain a step ahead: with the drill's usual 3 steps after the fault, one CI run
+    # (2026-12-04) finished with no such drain and went green. 6 steps leave several.
     result = drill("kill-publisher-after-commit", tmp_path, job_class=InMemoryCounterJob,
-                   recover_deadline_s=30)
+                   recover_deadline_s=30, recover_steps=6)
 
     assert not result.passed
     assert any(re.search(r"negative staleness counted (so far: )?[1-9]", p)
