@@ -1,13 +1,12 @@
 """RolloutEngine: samples responses with its own inference copy of the policy.
 
 A plain class, made remote where it is allocated, as a threaded actor so that control calls
-arrive while ``generate`` runs::
-
-    Engine = ray.remote(**ROLLOUT_ENGINE_ACTOR_OPTIONS)(RolloutEngine)
-
+arrive while ``generate`` runs: ``ray.remote(**ROLLOUT_ENGINE_ACTOR_OPTIONS)(RolloutEngine)``.
 Control methods (pause, updates, health) run in their own concurrency group, so they are never
 queued behind generate calls blocked on a pause. It implements
 :class:`~actors.engines.engine_protocol.RolloutEngineProtocol`, where the semantics are stated.
+No torch at import: Ray loads an actor's class wherever its handle is deserialized (in the
+rollout manager too); ``__init__`` imports it, and the ``WeightBuffers`` handle the tensors.
 
 Its label, epoch fence, pause flag and staged update live in the one
 :class:`~actors.engines.engine_state.EngineState` (shared with the vLLM engine). Every token is
@@ -23,31 +22,24 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
-import torch
 
-from actors.device import select_device, torch_dtype
-from actors.engines.decoding import StepDecoder
 from actors.engines.engine_protocol import pause_mode
 from actors.engines.engine_state import EngineState, StagedUpdate
 from actors.engines.group_batches import GroupBatches
-from actors.engines.sampling import Decoding, SamplingParams, build_samples, sample_next
-from actors.engines.weight_buffers import Serving, WeightBuffers
+from actors.engines.sampling import Decoding, SamplingParams, build_samples
 from actors.errors import EngineStateError
-from actors.policies.policy import (
-    PolicyConfig,
-    build_policy,
-    check_tensors,
-    load_tensors,
-    tensor_state_dict,
-)
 from actors.task import AdditionTask
-from actors.transport import Transport, is_lora_tensor
-from actors.weight_paths import open_weights
-from actors.publishing.weight_sync import tensors_checksum
+from actors.transport import Transport
 from orchestrator.rollout.types import GroupRequest, Prompt, Sample
+
+if TYPE_CHECKING:
+    import torch
+
+    from actors.engines.decoding import StepDecoder
+    from actors.engines.weight_buffers import Serving
 
 __all__ = ["ROLLOUT_ENGINE_ACTOR_OPTIONS", "RolloutEngine", "SamplingParams"]
 
@@ -89,6 +81,12 @@ class RolloutEngine:
             PolicyError, ValueError: the policy, sampling parameters, device or dtype are
                 invalid. DeviceError: ``"cuda"`` without a CUDA device.
         """
+        import torch
+
+        from actors.device import select_device, torch_dtype
+        from actors.engines.weight_buffers import WeightBuffers
+        from actors.policies.policy import PolicyConfig, build_policy
+
         torch.set_num_threads(1)  # a fraction of a core per actor on a small machine
         self.engine_id = engine_id
         self.backend = backend
@@ -194,42 +192,46 @@ class RolloutEngine:
             state.counters["resumed_calls"] += unpaused
             return unpaused
 
-    @torch.inference_mode()
     def _sample(self, prompt: Prompt, rollout: Decoding, serving: Serving, abort_token: int,
                 max_new_tokens: int | None = None) -> bool:
         """Decode into ``rollout`` token by token, starting on ``serving``; True if the call
         was aborted. Each step takes the serving copy and version anew: after a swap, the
         call goes on on the new copy with a new key/value cache."""
-        eos_id, pad_id = self.task.tokenizer.eos_id, self.task.tokenizer.pad_id
-        n_samples = len(rollout.responses)
-        tokens = torch.tensor([list(prompt.tokens)] * n_samples, dtype=torch.long,
-                              device=self.device)
-        decoder = StepDecoder(serving.model)
-        for _ in range(max_new_tokens or self.sampling.max_new_tokens):
-            if self.state.paused:  # read without the lock: seen at the next boundary
-                if not self.partial_rollout or not self._park():
-                    return True
-                decoder.restart()  # the weights may have changed while it was parked
-            if tokens.shape[1] >= self.max_sequence_length:
-                break
-            self._before_token()
-            with self._buffers.step() as now:
-                if self._abort_token != abort_token:  # read after the copy: never both new
-                    return True
-                if now.model is not serving.model:  # an in-flight swap
-                    decoder = StepDecoder(now.model)
-                serving = now
-                logits = self._forward_step(tokens, decoder)
-            next_tokens, chosen = sample_next(logits, self.sampling, self._generator,
-                                              self._rng_lock)
-            with self.state.lock:
-                self.state.counters["decode_steps"] += 1
-            if rollout.extend(next_tokens.tolist(), chosen, serving.version, eos_id):  # 1 copy
-                break
-            done = torch.tensor(rollout.finished, device=self.device)
-            next_tokens = next_tokens.masked_fill(done, pad_id)
-            tokens = torch.cat([tokens, next_tokens[:, None]], dim=1)
-        return False
+        import torch
+
+        from actors.engines.decoding import StepDecoder, sample_next
+
+        with torch.inference_mode():
+            eos_id, pad_id = self.task.tokenizer.eos_id, self.task.tokenizer.pad_id
+            n_samples = len(rollout.responses)
+            tokens = torch.tensor([list(prompt.tokens)] * n_samples, dtype=torch.long,
+                                  device=self.device)
+            decoder = StepDecoder(serving.model)
+            for _ in range(max_new_tokens or self.sampling.max_new_tokens):
+                if self.state.paused:  # read without the lock: seen at the next boundary
+                    if not self.partial_rollout or not self._park():
+                        return True
+                    decoder.restart()  # the weights may have changed while it was parked
+                if tokens.shape[1] >= self.max_sequence_length:
+                    break
+                self._before_token()
+                with self._buffers.step() as now:
+                    if self._abort_token != abort_token:  # read after the copy: never both new
+                        return True
+                    if now.model is not serving.model:  # an in-flight swap
+                        decoder = StepDecoder(now.model)
+                    serving = now
+                    logits = self._forward_step(tokens, decoder)
+                next_tokens, chosen = sample_next(logits, self.sampling, self._generator,
+                                                  self._rng_lock)
+                with self.state.lock:
+                    self.state.counters["decode_steps"] += 1
+                if rollout.extend(next_tokens.tolist(), chosen, serving.version, eos_id):
+                    break
+                done = torch.tensor(rollout.finished, device=self.device)
+                next_tokens = next_tokens.masked_fill(done, pad_id)
+                tokens = torch.cat([tokens, next_tokens[:, None]], dim=1)
+            return False
 
     def _samples(self, prompt: Prompt, group_index: int, rollout: Decoding,
                  aborted: bool) -> list[Sample]:
@@ -293,7 +295,7 @@ class RolloutEngine:
             ValueError: unknown transport.
         """
         transport = Transport.parse(transport)
-        tensors = open_weights(tensors)  # a packed buffer, or CUDA IPC handles on our GPU
+        tensors, checksum = self._buffers.receive(tensors)
         with self.state.lock:
             self.state.check_epoch("load_weights", epoch)
             if not self.state.paused or self._running:
@@ -301,10 +303,9 @@ class RolloutEngine:
                     f"engine {self.engine_id} must be paused with no call computing to "
                     "load weights"
                 )
-            load_tensors(self.model, tensors, adapters_only=transport is Transport.LORA)
-            self._buffers.drop_standby()
+            self._buffers.load_serving(tensors, adapters_only=transport is Transport.LORA)
             self.state.counters["weight_loads"] += 1
-            return tensors_checksum(tensors)
+            return checksum
 
     @ray.method(concurrency_group=CONTROL)
     def stage_weights(self, tensors: dict[str, torch.Tensor], epoch: int,
@@ -319,10 +320,11 @@ class RolloutEngine:
             PolicyError: the tensors do not match the model; nothing changes.
             ValueError: unknown transport.
         """
-        tensors, transport = open_weights(tensors), Transport.parse(transport)
+        transport = Transport.parse(transport)
+        tensors, checksum = self._buffers.receive(tensors)
         adapters_only = transport is Transport.LORA
-        check_tensors(self.model, tensors, adapters_only)
-        staged = StagedUpdate(None, str(transport), epoch, tensors_checksum(tensors))
+        self._buffers.check(tensors, adapters_only)
+        staged = StagedUpdate(None, str(transport), epoch, checksum)
         with self.state.lock:
             self.state.check_epoch("stage_weights", epoch)  # refused before any wait
             self._buffers.wait_standby_idle()  # releases the lock while it waits
@@ -386,10 +388,7 @@ class RolloutEngine:
     @ray.method(concurrency_group=CONTROL)
     def weights_checksum(self, adapters_only: bool = False) -> str:
         """sha256 of the engine's tensors (all, or adapters only) in name order."""
-        tensors = tensor_state_dict(self.model)
-        if adapters_only:
-            tensors = {k: v for k, v in tensors.items() if is_lora_tensor(k)}
-        return tensors_checksum(tensors)
+        return self._buffers.checksum(adapters_only)
 
     @ray.method(concurrency_group=CONTROL)
     def health(self) -> dict[str, Any]:

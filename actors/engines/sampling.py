@@ -1,22 +1,19 @@
-"""What every rollout engine shares about sampling: the parameters, the nucleus filter, and
-turning decoded rows into :class:`~orchestrator.rollout.types.Sample` objects (statuses,
-rewards through the task, per-token versions). Engine-independent; no Ray.
+"""What every rollout engine shares about sampling: the parameters, and turning decoded rows
+into :class:`~orchestrator.rollout.types.Sample` objects (statuses, rewards through the task,
+per-token versions). Engine-independent; no Ray, no torch (the tensor side of a decode step,
+the nucleus filter included, is :mod:`actors.engines.decoding`).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-import torch
-
 from actors.engines.scoring import score_group
 from orchestrator.rollout.types import Prompt, Sample, SampleStatus
 
-__all__ = ["DecodedRow", "Decoding", "SamplingParams", "build_samples", "distinct", "sample_next",
-           "top_p_filter"]
+__all__ = ["DecodedRow", "Decoding", "SamplingParams", "build_samples", "distinct"]
 
 
 @dataclass(frozen=True)
@@ -46,32 +43,6 @@ class SamplingParams:
         if unknown:
             raise ValueError(f"unknown sampling keys: {sorted(unknown)}")
         return cls(**value)
-
-
-def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Zero the tail outside the smallest set of tokens whose mass reaches ``top_p``."""
-    if top_p >= 1.0:
-        return probs
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    # Keep a token if the mass before it is below top_p (so the top token is always kept).
-    keep_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) < top_p
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    return probs * keep
-
-
-def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator,
-                rng_lock: threading.Lock) -> tuple[torch.Tensor, list[float]]:
-    """One decode step's tokens from the last position's ``logits [rows, vocab]`` (greedy at
-    temperature 0, else from the nucleus), and each chosen token's unfiltered
-    ``log_softmax(logits / temperature)``. ``generator`` is drawn under ``rng_lock``."""
-    step_log_probs = torch.log_softmax(logits / (params.temperature or 1.0), dim=-1)
-    if params.temperature == 0:
-        next_tokens = logits.argmax(dim=-1)
-    else:
-        probs = top_p_filter(step_log_probs.exp(), params.top_p)
-        with rng_lock:
-            next_tokens = torch.multinomial(probs, 1, generator=generator)[:, 0]
-    return next_tokens, step_log_probs.gather(-1, next_tokens[:, None])[:, 0].tolist()
 
 
 def distinct(versions: Sequence[int]) -> list[int]:

@@ -13,8 +13,12 @@ Memory: a second copy of the policy, from the first in-flight update on. A pause
 (``load_weights``) writes the serving copy in place and drops the standby, so a later
 adapters-only stage never lands on a stale base.
 
-Not thread-safe by itself: every method but :meth:`WeightBuffers.step` expects the caller to
-hold the engine's state lock (a ``threading.Condition``), which :meth:`stage` waits on.
+It is also where the engine's tensors are handled (received, checked, loaded, checksummed),
+so the engine's own module imports no torch (:mod:`actors.engines.rollout_engine`).
+
+Not thread-safe by itself: every method but :meth:`WeightBuffers.step` and the stateless
+:meth:`WeightBuffers.receive` and :meth:`WeightBuffers.check` expects the caller to hold the
+engine's state lock (a ``threading.Condition``), which :meth:`stage` waits on.
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-from actors.policies.policy import load_tensors
+from actors.policies.policy import check_tensors, load_tensors, tensor_state_dict
+from actors.publishing.weight_sync import tensors_checksum
+from actors.transport import is_lora_tensor
+from actors.weight_paths import open_weights
 
 __all__ = ["Serving", "WeightBuffers"]
 
@@ -63,6 +70,30 @@ class WeightBuffers:
             with self._lock:
                 self._steps_on[id(serving.model)] -= 1
                 self._lock.notify_all()
+
+    @staticmethod
+    def receive(transferred: Any) -> tuple[dict[str, torch.Tensor], str]:
+        """A transfer's tensors, opened (a packed buffer, or CUDA IPC handles on our GPU), and
+        their checksum as received."""
+        tensors = open_weights(transferred)
+        return tensors, tensors_checksum(tensors)
+
+    def check(self, tensors: dict[str, torch.Tensor], adapters_only: bool) -> None:
+        """Raise ``PolicyError`` if ``tensors`` do not match the serving copy."""
+        check_tensors(self.serving.model, tensors, adapters_only)
+
+    def load_serving(self, tensors: dict[str, torch.Tensor], adapters_only: bool) -> None:
+        """A paused load: write ``tensors`` into the serving copy in place (``PolicyError``
+        if they do not match) and drop the standby."""
+        load_tensors(self.serving.model, tensors, adapters_only=adapters_only)
+        self.drop_standby()
+
+    def checksum(self, adapters_only: bool = False) -> str:
+        """sha256 of the serving copy's tensors (all, or adapters only) in name order."""
+        tensors = tensor_state_dict(self.serving.model)
+        if adapters_only:
+            tensors = {k: v for k, v in tensors.items() if is_lora_tensor(k)}
+        return tensors_checksum(tensors)
 
     def relabel(self, version: int) -> None:
         """Label the serving copy ``version`` (a paused update's stamp: loaded in place)."""

@@ -1,11 +1,13 @@
 """RayEnginePool on real engine actors: the groups started together reach each engine as one
-batched call and come back whole; a dead engine's batch comes back aborted; the cap holds."""
+batched call and come back whole; a dead engine's batch comes back aborted; the cap holds; a
+process holding the pool (the rollout manager) never imports torch."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import uuid
 
 import pytest
 import ray
@@ -109,3 +111,28 @@ def test_an_engine_error_reaches_every_group_of_the_call(ray_cluster):
 
     errors = asyncio.run(scenario())
     assert all("leaves no room to answer" in str(error) for error in errors)
+
+
+def test_a_process_holding_engine_handles_generates_without_importing_torch(ray_cluster):
+    """The rollout manager's place: Ray loads an actor's class wherever its handle is
+    deserialized, so the engine's module must not import torch (issue 25 item 2)."""
+
+    class HandleHolder:  # defined here, so pickled by value: its process imports no test module
+        def __init__(self, pool: RayEnginePool) -> None:
+            self.pool = pool
+
+        def generate(self, prompt) -> tuple[list[str], bool]:
+            import sys
+
+            samples = asyncio.run(self.pool.generate(prompt, 2, 0))
+            return [sample.status.value for sample in samples], "torch" in sys.modules
+
+    own_worker = {"env_vars": {"RL_LEDGER_TEST_WORKER": uuid.uuid4().hex}}  # never a reused one
+    holder = ray.remote(num_cpus=0, runtime_env=own_worker)(HandleHolder).remote(
+        RayEnginePool(_engines(1), max_groups_per_call=8))
+
+    statuses, imported_torch = ray.get(holder.generate.remote(TASK.make_prompt(0)), timeout=120)
+
+    assert len(statuses) == 2
+    assert set(statuses) <= {SampleStatus.COMPLETED.value, SampleStatus.TRUNCATED.value}
+    assert imported_torch is False

@@ -36,6 +36,16 @@ def test_the_driver_decides_the_gradient_backend_without_importing_torch() -> No
     assert done.stdout.split() == ["gloo", "False"]
 
 
+def test_the_engines_modules_import_no_torch() -> None:
+    """Every holder of an engine's handle imports its module (the rollout manager too)."""
+    probe = ("import sys; import actors.engines.rollout_engine, actors.engines.vllm.engine;"
+             " print(sorted({'torch', 'numpy', 'vllm', 'transformers'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True, timeout=120)
+
+    assert done.stdout.strip() == "[]"
+
+
 def test_cells_are_created_before_the_store_they_rendezvous_on(monkeypatch) -> None:
     events: list[str] = []
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -50,13 +50,12 @@ from actors.engines.vllm.args import (
     start_vllm,
 )
 from actors.engines.vllm.serving import VLLMServing
-from actors.engines.vllm.weights import EngineWeights
 from actors.errors import EngineStateError, PolicyError
-from actors.policies.hf_policy import HFPolicyConfig, hf_config, read_checkpoint
 from actors.task import AdditionTask
-from actors.weight_paths import open_weights
-from actors.publishing.weight_sync import tensors_checksum
 from orchestrator.rollout.types import GroupRequest, Prompt, Sample
+
+if TYPE_CHECKING:
+    from actors.policies.hf_policy import HFPolicyConfig
 
 __all__ = ["VLLM_ENGINE_ACTOR_OPTIONS", "VLLM_ENVIRONMENT", "VLLMEngine"]
 
@@ -97,6 +96,11 @@ class VLLMEngine:
             PolicyError: no Llama checkpoint in the directory.
             ValueError: invalid sampling parameters or device.
         """
+        # Here, not at import: every holder of this actor's handle loads this module (the
+        # rollout manager too), and only the engine's own process needs torch.
+        from actors.engines.vllm.weights import EngineWeights
+        from actors.policies.hf_policy import HFPolicyConfig, hf_config, read_checkpoint
+
         os.environ.update(VLLM_ENVIRONMENT)
         self.engine_id = engine_id
         self.policy = HFPolicyConfig.from_value(policy)
@@ -195,11 +199,11 @@ class VLLMEngine:
             with self.state.lock:
                 self.state.check_epoch("load_weights", epoch)
                 self.state.require_paused("load weights")
-            plan = self.weights.plan(open_weights(tensors), transport)
+            plan, checksum = self.weights.receive(tensors, transport)
             self._reload(plan)
             with self.state.lock:
                 self.state.counters["weight_loads"] += 1
-        return tensors_checksum(plan.received)
+        return checksum
 
     def _reload(self, plan: Any) -> None:
         """Load ``plan`` into vLLM and drop every cached prefix (the caller holds the engine
@@ -223,8 +227,7 @@ class VLLMEngine:
             PolicyError: names or shapes do not match the model; nothing changes.
             ValueError: unknown transport.
         """
-        plan = self.weights.plan(open_weights(tensors), transport)  # checks; changes nothing
-        checksum = tensors_checksum(plan.received)
+        plan, checksum = self.weights.receive(tensors, transport)  # checks; changes nothing
         with self._engine_lock, self.state.lock:  # never between a swap's check and reload
             self.state.stage(StagedUpdate(plan.received, str(plan.transport), epoch, checksum))
         return checksum
@@ -323,7 +326,7 @@ class VLLMEngine:
     def weights_checksum(self, adapters_only: bool = False) -> str:
         """sha256 of the engine's logical weights (all, or the last adapters) by HF name."""
         with self._engine_lock:
-            return tensors_checksum(self.weights.tensors(adapters_only))
+            return self.weights.checksum(adapters_only)
 
     @ray.method(concurrency_group=CONTROL)
     def health(self) -> dict[str, Any]:

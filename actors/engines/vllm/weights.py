@@ -18,11 +18,14 @@ plan to vLLM and only then records it (:meth:`EngineWeights.record`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from actors.errors import PolicyError
+from actors.publishing.weight_sync import tensors_checksum
 from actors.transport import Transport, is_lora_tensor
+from actors.weight_paths import open_weights
 
 __all__ = ["EngineWeights", "UpdatePlan"]
 
@@ -52,6 +55,16 @@ class EngineWeights:
         self.adapters: dict[str, torch.Tensor] = {}
         self.lora_alpha = lora_alpha
         self.tied_embeddings = tied_embeddings
+
+    def receive(self, transferred: Any, transport: str) -> tuple[UpdatePlan, str]:
+        """:meth:`plan` for a transfer's tensors, opened (a packed buffer, or CUDA IPC
+        handles on our GPU), and their sha256 as received; changes nothing."""
+        plan = self.plan(open_weights(transferred), transport)
+        return plan, tensors_checksum(plan.received)
+
+    def checksum(self, adapters_only: bool = False) -> str:
+        """sha256 of :meth:`tensors` (all, or the last adapters) by HF name."""
+        return tensors_checksum(self.tensors(adapters_only))
 
     def plan(self, tensors: dict[str, torch.Tensor], transport: str) -> UpdatePlan:
         """Check ``tensors`` for ``transport`` and compute what to reload; changes nothing.
