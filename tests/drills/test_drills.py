@@ -150,8 +150,16 @@ class TrustingRolloutManager(RolloutManager):
 
 
 def create_trusting_manager(config, ledger_url, run_id, engines, scheduling_strategy=None):
-    """Starts the trusting manager (and replaces a dead one with another)."""
+    """Starts the trusting manager (and replaces a dead one with another).
+
+    Without a staleness bound, as in the seed: admission control paced on the counter would
+    hold every group back once the counter drops below the groups already trained, and the
+    run would hang with nothing screened after the reset (one CI run, 2026-12-05). Unbounded,
+    the engines keep generating at the ledger's versions, so every drain after the reset
+    screens groups newer than the counter, whatever the timing.
+    """
     make_prompt = functools.partial(launch._make_prompt, config.seed)
+    config = config.model_copy(update={"max_weight_staleness": None})
     options = {"num_cpus": launch.MANAGER_CPUS}
     if scheduling_strategy is not None:
         options["scheduling_strategy"] = scheduling_strategy
@@ -193,11 +201,12 @@ class InMemoryCounterJob(TrainingJob):
 def test_a_version_counter_instead_of_the_ledger_turns_the_drill_red(ray_cluster,
                                                                      tmp_path: Path) -> None:
     # After the failover the counter restarts at 1 while engines serve the ledger's v5+: the
-    # staleness of new groups goes negative, which the checker (or the deadline) reports. The
-    # deadline counts from the fault: on a loaded machine the start alone can take a minute.
-    # Only a drain requested after the counter's reset can see it, and fully-async requests
-    # each drain a step ahead: with the drill's usual 3 steps after the fault, one CI run
-    # (2026-12-04) finished with no such drain and went green. 6 steps leave several.
+    # staleness of every new group goes negative, none is trained, and the deadline reports
+    # the count. The deadline counts from the fault: on a loaded machine the start alone can
+    # take a minute. Only a drain requested after the counter's reset can see it, and
+    # fully-async requests each drain a step ahead: with the drill's usual 3 steps after the
+    # fault, one CI run (2026-12-04) finished with no such drain and went green. 6 steps
+    # leave several.
     result = drill("kill-publisher-after-commit", tmp_path, job_class=InMemoryCounterJob,
                    recover_deadline_s=30, recover_steps=6)
 
