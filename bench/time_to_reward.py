@@ -3,6 +3,7 @@
     python bench/time_to_reward.py [--steps 100] [--seeds 1 2 3] [--threshold 0.4]
                                    [--engines cpu device] [--device-ms-per-token 15] [--quick]
                                    [--corrections none decoupled tis]
+                                   [--tis-cap 5] [--tis-clip-low 0.5]
                                    [--weight-swaps pause in-flight]
 
 What a user buys fully-async for is reaching a given reward sooner, not steps per second. On
@@ -78,6 +79,8 @@ def main() -> None:
                         "--weight-swap values (default: the RunConfig default only)")
     parser.add_argument("--tis-cap", type=float, default=None,
                         help="the corrections' --tis-cap (default: the RunConfig default)")
+    parser.add_argument("--tis-clip-low", type=float, default=None,
+                        help="tis's --tis-clip-low (default: the RunConfig default)")
     parser.add_argument("--device-ms-per-token", type=float, default=15.0)
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 12 steps, seed 1, threshold 0.05, device engines")
@@ -95,8 +98,10 @@ def main() -> None:
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         for index, seed in enumerate(args.seeds):
-            base = RunConfig(num_rollout=args.steps, seed=seed, save_interval=10**6,
-                             **({} if args.tis_cap is None else {"tis_cap": args.tis_cap}))
+            bounds = {name: value for name, value in (("tis_cap", args.tis_cap),
+                                                      ("tis_clip_low", args.tis_clip_low))
+                      if value is not None}
+            base = RunConfig(num_rollout=args.steps, seed=seed, save_interval=10**6, **bounds)
             for engines in args.engines:
                 factory = engine_factory(engines, args.device_ms_per_token)
                 for mode in rotated(args.modes, index):
