@@ -13,9 +13,13 @@ import statistics
 from collections.abc import Sequence
 from typing import TypeVar
 
-__all__ = ["machine_line", "median_spread", "rotated", "seed_list"]
+__all__ = ["COLLAPSED_BELOW", "machine_line", "median_spread", "rotated", "seed_list"]
 
 T = TypeVar("T")
+
+# A run of the default task that ends below this mean reward has collapsed (its answers stop
+# ending, reward 0 from then on): a learned policy scores 0.3-0.6.
+COLLAPSED_BELOW = 0.15
 
 
 def machine_line() -> str:

@@ -30,13 +30,12 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 
-from _report import machine_line, median_spread, rotated, seed_list  # noqa: E402
+from _report import COLLAPSED_BELOW, machine_line, median_spread, rotated, seed_list  # noqa: E402
 from ledger.run_layout import REWARD_KEY, STEP_KEY, RunLayout  # noqa: E402
 from orchestrator.chaos.campaign import CampaignOptions, campaign_config  # noqa: E402
 from orchestrator.chaos.history import REWARD_WINDOW  # noqa: E402
 from orchestrator.chaos.job_process import JobSpec, write_spec  # noqa: E402
 
-COLLAPSED_BELOW = 0.15  # a learned policy of this job scores 0.3-0.6; a collapsed one near 0
 KL_SPIKE = 1.0
 BEHAVIOUR_KL_KEY = "train/off_policy/behaviour_kl_k3"
 

@@ -12,7 +12,9 @@ the default task and config, each mode (``sync``, ``async``, ``async+partial``; 
 for each engine set-up. Per run: the steps and the wall seconds until the rolling mean reward
 (window 5) first reaches ``--threshold`` (seconds from the end of step 1, so the start-up and
 the first drain, the same in every mode, are left out), and the final reward (mean of the last
-5 steps). Per mode: medians over the seeds, and the ratios of the medians to sync's.
+5 steps). Per mode: medians over the seeds, the ratios of the medians to sync's, and the seeds
+whose run collapsed (final reward below ``COLLAPSED_BELOW``): a mode that reaches the
+threshold sooner but collapses more often is not a better default.
 ``--corrections`` runs each async mode once per ``--off-policy-correction`` (label
 ``async/decoupled``; sync, on-policy, runs with the RunConfig default), alternating with the rest.
 
@@ -37,7 +39,7 @@ from _jobs import (
     run_stats,
     time_to_reward,
 )
-from _report import machine_line, rotated
+from _report import COLLAPSED_BELOW, machine_line, rotated
 from orchestrator.config import RunConfig
 
 
@@ -125,8 +127,8 @@ def main() -> None:
     print()
     print(f"| engines | mode | steps to {args.threshold:g} (median, per seed) | seconds to "
           f"{args.threshold:g} (median) | time ratio to sync | final reward (median) | "
-          "final ratio to sync | s/step (median) |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"final ratio to sync | collapsed (final < {COLLAPSED_BELOW:g}) | s/step (median) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for engines in args.engines:
         sync = results.get((engines, "sync"))
         sync_seconds = _median([r[1] for r in sync]) if sync else None
@@ -140,9 +142,13 @@ def main() -> None:
             time_ratio = (f"{seconds / sync_seconds:.2f}" if seconds and sync_seconds
                           and not is_sync(mode) else "-")
             final_ratio = f"{final / sync_final:.2f}" if sync_final and not is_sync(mode) else "-"
+            collapsed = [str(seed) for seed, row in zip(args.seeds, rows)
+                         if row[2] < COLLAPSED_BELOW]
+            collapsed_text = (f"{len(collapsed)} of {len(rows)}"
+                              + (f" (seed {', '.join(collapsed)})" if collapsed else ""))
             print(f"| {engines} | {mode} | {_text(steps, '.0f')} ({per_seed}) | "
                   f"{_text(seconds, '.1f')} | {time_ratio} | {final:.3f} | {final_ratio} | "
-                  f"{statistics.median(r[3] for r in rows):.3f} |")
+                  f"{collapsed_text} | {statistics.median(r[3] for r in rows):.3f} |")
     print(f"(bench wall time {total:.0f} s)")
 
 

@@ -9,6 +9,7 @@ does not).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,9 @@ def test_job_benches_print_every_mode(script: str) -> None:
 
     for mode in ("| sync |", "| async |", "| async+partial |"):
         assert mode in out, out
+    if script == "time_to_reward.py":  # every mode row says how many of its one run collapsed
+        assert "| collapsed (final < 0.15) |" in out, out
+        assert len(re.findall(r"\| [01] of 1( \(seed 1\))? \|", out)) == 3, out
 
 
 @pytest.mark.slow  # builds 1k- and 5k-step ledgers on both backends and times the CLI
