@@ -97,12 +97,12 @@ def main() -> None:
           f"{args.threshold:g} (rolling mean over {args.window} steps), device engines "
           f"{args.device_ms_per_token:g} ms per decode step")
     results: dict[tuple[str, str], list[tuple[int | None, float | None, float, float]]] = {}
+    bounds = {name: value for name, value in (("tis_cap", args.tis_cap),
+                                              ("tis_clip_low", args.tis_clip_low))
+              if value is not None}  # the RunConfig defaults where not given
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         for index, seed in enumerate(args.seeds):
-            bounds = {name: value for name, value in (("tis_cap", args.tis_cap),
-                                                      ("tis_clip_low", args.tis_clip_low))
-                      if value is not None}
             base = RunConfig(num_rollout=args.steps, seed=seed, save_interval=10**6, **bounds)
             for engines in args.engines:
                 factory = engine_factory(engines, args.device_ms_per_token)
