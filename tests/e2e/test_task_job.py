@@ -119,7 +119,10 @@ def test_groups_whose_reward_raises_are_dropped_as_reward_error_and_recorded(
     with Ledger.open(result.ledger_url, readonly=True) as ledger:
         batches = [e for e in ledger.events("partly") if e.kind == EventKind.BATCH_TRAINED]
     recorded = [i for b in batches for i in b.payload["prompts"]["dropped"].get("reward_error", [])]
-    assert len(recorded) == settled["dropped"]["reward_error"]
+    # Refills for the dropped groups reach into the next epoch's rows (num_rollout is set from
+    # num_epoch, as miles does), so a drop may be recorded there: compare across all epochs.
+    per_epoch = sum(epoch["dropped"].get("reward_error", 0) for epoch in answer["epochs"])
+    assert len(recorded) == len(set(recorded)) == per_epoch == answer["dropped"]["reward_error"]
 
 
 @pytest.mark.usefixtures("ray_cluster")
