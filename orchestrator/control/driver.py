@@ -222,6 +222,8 @@ class TrainingJob:
             self.step = step
             step_started = time.monotonic()
             phases = StepPhases()
+            with phases.timed("begin_step"):  # begin_step reads its answers
+                supervisor.send_heartbeat()
             with phases.timed("drain_wait"):
                 batch = self._drain(next_drain or supervisor.request_drain(step))
                 next_drain = self._prefetch(step + 1)
@@ -252,6 +254,7 @@ class TrainingJob:
             bar.update(self.record(step, batch, train_metrics, head, version, step_s,
                                    phases.timings(step_s)))
             self.hooks.on_step_end(self, step)
+        supervisor.settle_version_push()  # the last step's push, if end_step did not see it
 
     def _drain(self, drain: Drain) -> RolloutFnTrainOutput:
         with task_setup.reward_errors_end_the_run():

@@ -11,7 +11,8 @@ A weight update (DESIGN section 5) walks, with direct method calls:
    ``finalize_and_resume_engines(v, e)``, ``engines_stamped`` (ledger write 3).
 3. Back here: restarted engines are handed to the rollout manager (they now hold ``v``) and
    ``v`` is pushed to the manager without waiting (its answer is checked at the step
-   boundary, ``Supervisor.end_step``); ``v`` is returned to the driver, which passes it on.
+   boundary, ``Supervisor.end_step``, if it is in, else before the next push); ``v`` is
+   returned to the driver, which passes it on.
 
 A failed attempt is sorted out and the update is made again under
 :meth:`FailurePolicy.run`: a dead engine is restarted (nothing was committed), a lost

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -20,6 +21,8 @@ from orchestrator.control import launch
 from orchestrator.errors import EngineLostError, StepFailedError
 from orchestrator.control.publisher import Publisher
 from orchestrator.control.supervision import Supervisor
+from orchestrator.control.supervision import cell_group
+from orchestrator.control.supervision.cell_group import SENT_HEARTBEAT_MAX_AGE_S
 from orchestrator.drills.faults import zombie_commit, zombie_transfer
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -221,3 +224,32 @@ def test_a_quorum_that_never_forms_fails_instead_of_retrying_for_ever(config, le
         assert supervisor.cells.quorum_id == supervisor.policy.max_attempts
     finally:
         supervisor.cells.stop()
+
+
+def test_a_heartbeat_sent_ahead_is_not_read_after_a_long_drain(supervisor, engines):
+    """The loop sends the boundary heartbeat before a drain; after a drain longer than its
+    answers may stand, the cells are asked again, so a cell lost meanwhile is seen lost."""
+    cells = supervisor.cells
+    supervisor.send_heartbeat()
+    time.sleep(SENT_HEARTBEAT_MAX_AGE_S + 0.25)  # answered (alive), then too old
+    os.kill(ray.get(cells.actor("cell-1").pid.remote()), signal.SIGKILL)
+
+    assert supervisor.check_cells() == ["cell-1"]
+    assert cells.alive_ids() == ["cell-0"]
+
+
+def test_a_heartbeat_sent_ahead_is_void_once_a_cells_state_changes(
+        supervisor, engines, monkeypatch):
+    cells = supervisor.cells
+    monkeypatch.setattr(cell_group, "SENT_HEARTBEAT_MAX_AGE_S", 60.0)  # never too old here
+    supervisor.train_step(batch(engines))
+    supervisor.send_heartbeat()
+    assert supervisor.check_cells() == []  # read: the answers sent for
+    assert cells.take_heartbeat_progress(cells.alive_ids()) == {"cell-0": 1, "cell-1": 1}
+
+    supervisor.send_heartbeat()
+    time.sleep(0.25)  # answered (alive)
+    cells.copy_state("cell-0", ["cell-1"])
+    os.kill(ray.get(cells.actor("cell-1").pid.remote()), signal.SIGKILL)
+
+    assert supervisor.check_cells() == ["cell-1"]

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -103,7 +104,8 @@ def test_a_frozen_engine_is_replaced_at_the_step_boundary_and_gets_the_next_upda
     assert publisher.publish_weights().version == 2
     assert not supervisor.engines_awaiting_weights  # handed over to the manager
     assert ray.get(supervisor.engines["engine-0"].health.remote())["version"] == 2
-    assert supervisor.end_step() == []  # no cell was lost; the version push was answered
+    assert supervisor.end_step() == []  # no cell was lost
+    supervisor.settle_version_push()  # the manager took v2 (end_step does not wait for it)
     assert ray.get(supervisor.manager.get_weight_version.remote()) == 2
 
 
@@ -288,11 +290,12 @@ def test_losing_every_cell_before_any_checkpoint_ends_the_step_with_a_typed_erro
         supervisor.train_step(batch.samples)
 
 
-def test_an_update_does_not_wait_for_a_frozen_manager_and_the_step_boundary_replaces_it(
+def test_an_update_does_not_wait_for_a_frozen_manager_and_the_next_push_replaces_it(
         ledger: Ledger, sqlite_url: str, tmp_path):
     """The version push is sent, not awaited: a publish completes while the manager is
-    stopped, and the step boundary, which checks the push, replaces the silent manager; the
-    replacement starts at the ledger head, the version just published."""
+    stopped, the step boundary leaves the unanswered push pending, and the next push, which
+    checks it first, replaces the silent manager; the replacement starts at the ledger head,
+    the version just published."""
     policy = dataclasses.replace(POLICY, manager_call_timeout_s=8.0)
     with started(ledger, sqlite_url, tmp_path, policy) as supervisor:
         publisher = Publisher.of(supervisor)
@@ -300,16 +303,40 @@ def test_an_update_does_not_wait_for_a_frozen_manager_and_the_step_boundary_repl
 
         with frozen(old):
             assert publisher.publish_weights().version == 1
-            supervisor.end_step()
+            supervisor.end_step()  # the answer is not in: pending, no wait
+            assert supervisor.counters.manager_replacements == 0
+            publisher.publish_weights()  # nothing trained since: v1 again, pushed again
 
         assert supervisor.counters.manager_replacements == 1
         assert replacements(ledger) == [("rollout-manager", "rollout-manager", "frozen")]
         assert ray.get(supervisor.manager.get_weight_version.remote(), timeout=30) == 1
 
 
-def test_a_version_push_the_manager_refuses_fails_the_step_boundary(supervisor: Supervisor):
+def test_the_end_of_training_waits_for_a_frozen_managers_answer_and_replaces_it(
+        ledger: Ledger, sqlite_url: str, tmp_path):
+    """The last step's push has no next push to check it: the end of training does."""
+    policy = dataclasses.replace(POLICY, manager_call_timeout_s=8.0)
+    with started(ledger, sqlite_url, tmp_path, policy) as supervisor:
+        with frozen(supervisor.manager):
+            assert Publisher.of(supervisor).publish_weights().version == 1
+            supervisor.end_step()
+            supervisor.settle_version_push()
+
+        assert supervisor.counters.manager_replacements == 1
+        assert ray.get(supervisor.manager.get_weight_version.remote(), timeout=30) == 1
+
+
+def test_a_version_push_the_manager_refuses_fails_the_boundary_that_sees_the_answer(
+        supervisor: Supervisor):
     supervisor.manager_watch.push_version(7)  # nobody committed version 7
 
+    deadline = time.monotonic() + 30
     with pytest.raises(ray.exceptions.RayTaskError, match="VersionAheadOfLedger"):
-        supervisor.end_step()
+        while time.monotonic() < deadline:  # each boundary looks; the one that sees it raises
+            supervisor.end_step()
+            time.sleep(0.05)
     assert ray.get(supervisor.manager.get_weight_version.remote()) == 0
+
+    supervisor.manager_watch.push_version(8)
+    with pytest.raises(ray.exceptions.RayTaskError, match="VersionAheadOfLedger"):
+        supervisor.settle_version_push()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,11 @@ __all__ = ["CellGroup", "CellState", "CellStepAttempt", "is_actor_loss", "is_eng
 logger = logging.getLogger(__name__)
 
 CellFactory = Callable[[RunConfig, str], Any]
+
+# A heartbeat sent ahead (CellGroup.send_heartbeat) is read only this soon after it was sent:
+# the loop sends it before a drain, so a fully-async drain (milliseconds) hides its round
+# trip, while after a long drain (--sync generates the whole batch) the cells are asked again.
+SENT_HEARTBEAT_MAX_AGE_S = 0.05
 
 
 def is_actor_loss(exc: BaseException) -> bool:
@@ -104,6 +110,7 @@ class CellGroup:
         self._store: Any = None
         self._store_addr: str | None = None
         self._heartbeat_progress: dict[str, int] | None = None  # see take_heartbeat_progress
+        self._sent_heartbeat: tuple[float, dict[str, Any]] | None = None  # see send_heartbeat
         self.gradient_backend: str = cell_device_options(config)["gradient_backend"]
 
     # ------------------------------------------------------------------ membership
@@ -176,19 +183,40 @@ class CellGroup:
         self.record_state(cell_id, CellState.ERRORED)
         return True
 
+    def send_heartbeat(self) -> None:
+        """Ask every alive cell its optimizer-step count now, without waiting: the next
+        :meth:`heartbeat` reads these answers if it comes within ``SENT_HEARTBEAT_MAX_AGE_S``
+        and no cell changed meanwhile (else it asks again)."""
+        self._sent_heartbeat = (time.monotonic(), self._progress_calls(self.alive_ids()))
+
     def heartbeat(self) -> list[str]:
         """Heartbeat every alive cell; mark those that die or stay silent past the heartbeat
         timeout. Returns them. A cell's answer is its optimizer-step count, kept (when every
         cell answered) for the next train attempt (:meth:`take_heartbeat_progress`): the
         step boundary's heartbeat then also serves as the count a failed step is judged by."""
-        calls = {cell_id: self._cells[cell_id].actor.progress.remote()
-                 for cell_id in self.alive_ids()}
+        calls = self._take_sent_heartbeat() or self._progress_calls(self.alive_ids())
         answers, failed = self.call_each(calls, self.policy.heartbeat_timeout_s)
         self._heartbeat_progress = None if failed else answers
         lost = [cell_id for cell_id, exc in failed.items() if is_actor_loss(exc)]
         for cell_id in lost:
             self.mark_lost(cell_id, type(failed[cell_id]).__name__)
         return lost
+
+    def _take_sent_heartbeat(self) -> dict[str, Any] | None:
+        """The calls :meth:`send_heartbeat` made, once, if still fresh and to exactly the
+        alive cells."""
+        sent, self._sent_heartbeat = self._sent_heartbeat, None
+        if sent is None or time.monotonic() - sent[0] > SENT_HEARTBEAT_MAX_AGE_S:
+            return None
+        return sent[1] if sorted(sent[1]) == self.alive_ids() else None
+
+    def _progress_calls(self, cell_ids: list[str]) -> dict[str, Any]:
+        return {cell_id: self._cells[cell_id].actor.progress.remote() for cell_id in cell_ids}
+
+    def _forget_answers(self) -> None:
+        """A cell's state changes: no step count heard before stands."""
+        self._heartbeat_progress = None
+        self._sent_heartbeat = None
 
     def take_heartbeat_progress(self, cell_ids: list[str]) -> dict[str, int] | None:
         """The optimizer-step counts of ``cell_ids`` from the last heartbeat, once, if no
@@ -257,8 +285,7 @@ class CellGroup:
 
     def progress(self, cell_ids: list[str]) -> tuple[dict[str, int], dict[str, BaseException]]:
         """Optimizer steps applied per cell (within the heartbeat timeout), and failures."""
-        calls = {c: self._cells[c].actor.progress.remote() for c in cell_ids}
-        return self.call_each(calls, self.policy.heartbeat_timeout_s)
+        return self.call_each(self._progress_calls(cell_ids), self.policy.heartbeat_timeout_s)
 
     def copy_state(self, source: str, targets: list[str]) -> None:
         """Every cell in ``targets`` adopts ``source``'s weights and optimizer state.
@@ -267,7 +294,7 @@ class CellGroup:
             GetTimeoutError: a cell did not answer within the policy's transfer timeout.
             RayActorError: a cell died.
         """
-        self._heartbeat_progress = None
+        self._forget_answers()
         state = self._cells[source].actor.get_state.remote()
         self._all_or_raise({c: self._cells[c].actor.set_state.remote(state) for c in targets},
                            self.policy.transfer_timeout_s)
@@ -302,7 +329,7 @@ class CellGroup:
 
     def _new_actor(self, cell_id: str) -> Any:
         """Kill ``cell_id``'s actor (a frozen zombie must die) and create its successor."""
-        self._heartbeat_progress = None
+        self._forget_answers()
         try:
             ray.kill(self._cells[cell_id].actor, no_restart=True)
         except Exception:  # noqa: BLE001 - it may be gone already
@@ -316,7 +343,7 @@ class CellGroup:
             GetTimeoutError: a cell did not load it within the policy's transfer timeout.
             RayTaskError: a cell could not read it.
         """
-        self._heartbeat_progress = None
+        self._forget_answers()
         alive = self.alive_ids()
         results = self._all_or_raise(
             {c: self._cells[c].actor.load_checkpoint.remote(path) for c in alive},

@@ -176,10 +176,12 @@ class ManagerWatch:
         self.settle_push()
         self._pending_push = (self.manager, self.manager.set_weight_version.remote(version))
 
-    def settle_push(self) -> None:
-        """Wait for the last :meth:`push_version`'s answer (bounded). A manager that died or
-        froze meanwhile is replaced (the new one starts at the ledger head, so the push is
-        not made again); a push to a manager replaced since is moot.
+    def settle_push(self, *, wait: bool = True) -> None:
+        """Check the last :meth:`push_version`'s answer, waiting for it (bounded) unless
+        ``wait`` is False: then an answer not in yet stays pending, for the next push (or the
+        next waiting call) to check. A manager that died or froze meanwhile is replaced (the
+        new one starts at the ledger head, so the push is not made again); a push to a
+        manager replaced since is moot.
 
         Raises:
             RayTaskError: the manager refused the version (a regression, or ahead of the
@@ -188,6 +190,9 @@ class ManagerWatch:
         """
         pending, self._pending_push = self._pending_push, None
         if pending is None or pending[0] is not self.manager:
+            return
+        if not wait and not ray.wait([pending[1]], timeout=0)[0]:
+            self._pending_push = pending
             return
         try:
             ray.get(pending[1], timeout=self.policy.manager_call_timeout_s)

@@ -6,8 +6,9 @@ restart budget; nothing else retries or restarts anything. The loop calls it twi
 - :meth:`Supervisor.begin_step` (a batch is drained): the driver now holds its prompts (a
   replaced rollout manager will not regenerate them), the cells are heartbeated (a loss is
   failed over now) and the engines are probed (answered while the cells train);
-- :meth:`Supervisor.end_step` (the step is recorded): the prompts are on record, and lost
-  cells are healed (new actors take seconds: after the step's commit, not before it).
+- :meth:`Supervisor.end_step` (the step is recorded): the prompts are on record, the
+  manager's answer to the version push is checked if it is in (else by the next push), and
+  lost cells are healed (new actors take seconds: after the step's commit, not before it).
 
 In between, :meth:`Supervisor.train_step` trains once under the policy and reads the engine
 probe: engines dead or frozen are replaced, and :attr:`Supervisor.engines_awaiting_weights`
@@ -144,6 +145,11 @@ class Supervisor:
 
     # ------------------------------------------------------------------ the step boundary
 
+    def send_heartbeat(self) -> None:
+        """Ask the cells for the heartbeat :meth:`begin_step` reads, now (the loop does so
+        before it waits for a batch, so the round trip passes while the batch arrives)."""
+        self.cells.send_heartbeat()
+
     def begin_step(self, batch: RolloutFnTrainOutput) -> None:
         """A batch is drained and about to train: hold its prompts, heartbeat the cells (fail
         over after a loss) and send the engine probe :meth:`train_step` reads."""
@@ -171,8 +177,9 @@ class Supervisor:
 
     def end_step(self) -> list[str]:
         """The step is recorded (its prompts are trained on record): let go of them, check
-        the rollout manager took the step's version push, and heal lost cells. Returns the
-        healed cell ids.
+        the rollout manager's answer to the step's version push if it is in (else the next
+        push, or :meth:`settle_version_push`, waits for it: the step does not wait on a
+        manager busy generating), and heal lost cells. Returns the healed cell ids.
 
         Raises:
             SupervisionLimitError: the restart budget is spent.
@@ -180,8 +187,18 @@ class Supervisor:
             RayTaskError: the manager refused the pushed version.
         """
         self.manager_watch.hold(())
-        self.manager_watch.settle_push()
+        self.manager_watch.settle_push(wait=False)
         return self.failover.heal()
+
+    def settle_version_push(self) -> None:
+        """Wait (bounded) for the manager's answer to the last version push, replacing a
+        manager that died or froze meanwhile (the end of training calls it).
+
+        Raises:
+            RayTaskError: the manager refused the pushed version.
+            SupervisionLimitError: the restart budget is spent.
+        """
+        self.manager_watch.settle_push()
 
     # ------------------------------------------------------------------ asked by others
 
