@@ -178,7 +178,8 @@ class RunStats:
     generate_s: float  # mean drain wait per step (all generation in sync mode)
     train_s: float
     update_s: float
-    staleness_avg: float
+    staleness_avg: float  # at the drain, as the screen measured it
+    train_staleness_avg: float  # as the loss saw it (fully-async: up to one more)
     mixed_version_ratio: float
     held_back: int
     final_reward: float
@@ -213,6 +214,7 @@ def run_stats(records: list[dict[str, Any]], warmup: int = WARMUP_STEPS) -> RunS
         train_s=mean("time/train_s"),
         update_s=mean("time/update_weights_s"),
         staleness_avg=mean(P + "staleness_avg", records),
+        train_staleness_avg=mean(P + "train_staleness_avg", records),
         mixed_version_ratio=mean(P + "mixed_version_ratio", records),
         held_back=int(total(P + "admission_held_back")),
         final_reward=statistics.fmean(r[REWARD_KEY] for r in records[-5:]),

@@ -128,7 +128,8 @@ def print_table(args: argparse.Namespace, stats: dict[tuple[str, str], list]) ->
     """The results table: per engine set-up and mode, medians and spreads, and the bound."""
     print()
     print("| engines | mode | s/step median (min-max) | samples/s median | waste groups | "
-          "waste tokens | staleness avg | async/sync median (paired min-max) | vs bound |")
+          "waste tokens | staleness avg, drain / train | async/sync median (paired min-max) | "
+          "vs bound |")
     print("|---|---|---|---|---|---|---|---|---|")
     for engines in args.engines:
         sync_rows = stats.get((engines, "sync"))
@@ -151,7 +152,8 @@ def print_table(args: argparse.Namespace, stats: dict[tuple[str, str], list]) ->
                   f"{statistics.median(r.samples_per_s for r in rows):.0f} | "
                   f"{statistics.median(r.waste_groups for r in rows):.1%} | "
                   f"{statistics.median(r.waste_tokens for r in rows):.1%} | "
-                  f"{statistics.median(r.staleness_avg for r in rows):.2f} | "
+                  f"{statistics.median(r.staleness_avg for r in rows):.2f} / "
+                  f"{statistics.median(r.train_staleness_avg for r in rows):.2f} | "
                   f"{ratio_text} | {vs_bound} |")
         if sync_rows:
             print(f"| {engines} | overlap bound (sync phases: generate {generate:.3f} s, "

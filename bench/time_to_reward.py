@@ -121,7 +121,8 @@ def main() -> None:
                     print(f"  seed {seed} {engines:6} {mode:22} reached at step "
                           f"{_text(steps, 'd')} ({_text(seconds, '.1f')} s), final reward "
                           f"{stats.final_reward:.3f}, {stats.s_per_step:.3f} s/step, "
-                          f"staleness avg {stats.staleness_avg:.2f}", flush=True)
+                          f"staleness avg {stats.staleness_avg:.2f} at the drain, "
+                          f"{stats.train_staleness_avg:.2f} at train", flush=True)
     total = time.monotonic() - started
 
     print()

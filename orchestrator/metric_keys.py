@@ -19,6 +19,7 @@ __all__ = [
     "STALENESS_HISTOGRAM_KEY",
     "STALENESS_MAX_KEY",
     "STEP_KEY",
+    "TRAIN_STALENESS_MAX_KEY",
     "WEIGHT_VERSION_KEY",
     "manager_metric_key",
     "metric_key",
@@ -28,7 +29,8 @@ __all__ = [
 FULLY_ASYNC_PREFIX = "rollout/fully_async/"
 WEIGHT_VERSION_KEY = "weight_version"
 NEGATIVE_STALENESS_KEY = FULLY_ASYNC_PREFIX + "negative_staleness_total"
-STALENESS_MAX_KEY = FULLY_ASYNC_PREFIX + "staleness_max"
+STALENESS_MAX_KEY = FULLY_ASYNC_PREFIX + "staleness_max"  # at drain time, as screened
+TRAIN_STALENESS_MAX_KEY = FULLY_ASYNC_PREFIX + "train_staleness_max"  # as the loss sees it
 # The rollout manager's own run totals (prompt accounting) carry this prefix.
 MANAGER_PREFIX = "rollout_manager/"
 PROMPTS_UNACCOUNTED_KEY = MANAGER_PREFIX + "prompts_unaccounted"

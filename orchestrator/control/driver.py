@@ -239,8 +239,9 @@ class TrainingJob:
                     outcome = self.publisher.publish_weights()
                 version = outcome.version
                 phases.add_update(outcome.step_seconds)
+            trained_on = held_version
             with phases.timed("provenance"):
-                recorded = self.record_provenance(step, batch, held_version, version)
+                recorded = self.record_provenance(step, batch, trained_on, version)
             held_version = version or held_version
             head = self._head_at(recorded, held_version)  # passed on, never read back
             with phases.timed("evaluate"):
@@ -251,8 +252,8 @@ class TrainingJob:
             with phases.timed("end_step"):
                 supervisor.end_step()
             step_s = time.monotonic() - step_started
-            bar.update(self.record(step, batch, train_metrics, head, version, step_s,
-                                   phases.timings(step_s)))
+            bar.update(self.record(step, batch, train_metrics, head, trained_on, version,
+                                   step_s, phases.timings(step_s)))
             self.hooks.on_step_end(self, step)
         supervisor.settle_version_push()  # the last step's push, if end_step did not see it
 
@@ -315,12 +316,13 @@ class TrainingJob:
         return Head(version, publisher[1], publisher[0], recorded.seq, recorded.hash)
 
     def record(self, step: int, batch: RolloutFnTrainOutput, train: dict[str, float],
-               head: Head, version: int | None, step_s: float,
+               head: Head, trained_on: int, version: int | None, step_s: float,
                timings: dict[str, float]) -> dict[str, Any]:
-        """Write the step's metrics line (its witness: ``head``); returns it."""
+        """Write the step's metrics line (its witness: ``head``; ``trained_on``: the version
+        the batch trained on); returns it."""
         self.supervisor.note_negative_staleness(int(batch.metrics.get(NEGATIVE_STALENESS_KEY, 0)))
         record = self.recorder.record(
-            step, batch, train, head, published_version=version,
+            step, batch, train, head, trainer_version=trained_on, published_version=version,
             cells_alive=len(self.supervisor.cells.alive_ids()),
             quorum_id=self.supervisor.cells.quorum_id, step_s=step_s,
             timings=timings, negative_staleness_total=self.negative_staleness_total,

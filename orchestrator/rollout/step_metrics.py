@@ -22,12 +22,13 @@ from orchestrator.metric_keys import (
     NEGATIVE_STALENESS_KEY,
     STALENESS_HISTOGRAM_KEY,
     STALENESS_MAX_KEY,
+    TRAIN_STALENESS_MAX_KEY,
     metric_key,
 )
 from orchestrator.rollout.staleness import Rejection, Verdict
 from orchestrator.rollout.types import Group, Sample, SampleStatus
 
-__all__ = ["StepMetrics"]
+__all__ = ["StepMetrics", "train_staleness_metrics"]
 
 
 @dataclass
@@ -147,6 +148,28 @@ class StepMetrics:
         for reason, count in sorted(step.dropped.items()):
             metrics[metric_key(f"dropped/{reason}")] = count
         return metrics
+
+
+def train_staleness_metrics(groups: list[list[Sample]], trainer_version: int) -> dict[str, Any]:
+    """The staleness the loss sees: ``trainer_version`` (the weights the batch trains on) less
+    each group's oldest version, as ``train_staleness_avg`` and ``train_staleness_max``.
+
+    ``staleness_*`` above is measured when the batch is drained, against the ledger head then.
+    Fully-async drains the next batch while the current one trains, before the current update
+    commits, so a group trains up to one version later than it was screened: a drain-time 0
+    is a train-time 1. Unstamped samples (counted as ``missing_version`` by the screen) are
+    left out.
+    """
+    lags = []
+    for samples in groups:
+        versions = [sample.oldest_weight_version for sample in samples]
+        stamped = [version for version in versions if version is not None]
+        if stamped:
+            lags.append(trainer_version - min(stamped))
+    return {
+        metric_key("train_staleness_avg"): sum(lags) / len(lags) if lags else 0.0,
+        TRAIN_STALENESS_MAX_KEY: max(lags) if lags else 0,
+    }
 
 
 def _tokens_before_newest(sample: Sample) -> int:

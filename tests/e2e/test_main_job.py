@@ -19,6 +19,7 @@ from ledger import Ledger
 from orchestrator.config import RunConfig
 from orchestrator.control.driver import JobOptions, TrainingJob, run_job
 from orchestrator.control.provenance_recorder import prompt_ledger
+from orchestrator.metric_keys import TRAIN_STALENESS_MAX_KEY as TRAIN_STALENESS_MAX
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -178,6 +179,12 @@ def test_the_default_job_learns_and_leaves_ledger_metrics_and_plot(tmp_path: Pat
     assert len(metrics) == 60
     assert result.plot_path is not None and result.plot_path.read_bytes()[:4] == b"\x89PNG"
     _assert_steps_are_timed_phase_by_phase(metrics)
+    # The loss sees the drained batch one version later at most (it was prefetched while the
+    # step before published), and fully-async does train on data a version old.
+    for line in metrics:
+        drained, trained = line["rollout/fully_async/staleness_max"], line[TRAIN_STALENESS_MAX]
+        assert drained <= trained <= drained + 1, line
+    assert any(line[TRAIN_STALENESS_MAX] >= 1 for line in metrics)
     # Batched rollout traffic: 16 groups a step reach 2 engines in a few calls, not 16.
     calls = sorted(m["rollout/fully_async/engine_calls"] for m in metrics[5:])
     assert calls[len(calls) // 2] <= 4, calls

@@ -6,10 +6,11 @@ import asyncio
 
 import pytest
 
-from orchestrator.metric_keys import FULLY_ASYNC_PREFIX
+from orchestrator.metric_keys import FULLY_ASYNC_PREFIX, TRAIN_STALENESS_MAX_KEY
 from orchestrator.rollout.data_buffer import DataBuffer
 from orchestrator.rollout.data_source import PromptSource
 from orchestrator.rollout.staleness import reject_uniform_rewards
+from orchestrator.rollout.step_metrics import train_staleness_metrics
 from orchestrator.rollout.types import Group, Prompt, Sample, SampleStatus
 from tests.fake_engines import make_prompt, run_async, settle
 
@@ -355,3 +356,20 @@ def test_step_metrics_count_mixed_versions_and_tokens_kept_across_updates():
     assert metrics[M + "tokens_kept_across_updates"] == 2  # its two version-1 tokens
     assert metrics[M + "tokens_trained"] == 9
     assert metrics[M + "tokens_discarded"] == 0
+
+
+def test_train_time_staleness_is_measured_from_the_version_the_batch_trains_on():
+    prompts = [make_prompt(index) for index in range(3)]
+    one_version = make_group(prompts[0], 4).samples
+    spanning = make_group(prompts[1], 5).samples
+    spanning[1].token_versions = [3] * len(spanning[1].response_tokens)
+    spanning[1].weight_versions = [3, 5]  # paused under v3, finished under v5
+    unstamped = make_group(prompts[2], None).samples
+
+    metrics = train_staleness_metrics([one_version, spanning, unstamped], trainer_version=5)
+
+    # 5 - 4 and 5 - 3 (the oldest token decides); the unstamped group is left out.
+    assert metrics[M + "train_staleness_avg"] == 1.5
+    assert metrics[TRAIN_STALENESS_MAX_KEY] == 2
+    assert train_staleness_metrics([], trainer_version=5) == {
+        M + "train_staleness_avg": 0.0, TRAIN_STALENESS_MAX_KEY: 0}

@@ -1,4 +1,8 @@
-"""The run's progress bar: step, reward, version, staleness and cells alive (rich)."""
+"""The run's progress bar: step, reward, version, staleness and cells alive (rich).
+
+The staleness shown is the largest the step's loss saw (train time), not the drain-time one
+the screen bounds: fully-async trains its prefetched batch one version later than it drained.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from typing import Any
 
 from rich.console import Console
 
-from orchestrator.metric_keys import REWARD_KEY, STALENESS_MAX_KEY
+from orchestrator.metric_keys import REWARD_KEY, TRAIN_STALENESS_MAX_KEY
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 __all__ = ["RunProgress"]
@@ -50,6 +54,6 @@ class RunProgress:
             advance=1,
             reward=float(record.get(REWARD_KEY, 0.0)),
             version=record.get("weight_version", 0),
-            staleness=record.get(STALENESS_MAX_KEY, 0),
+            staleness=record.get(TRAIN_STALENESS_MAX_KEY, 0),
             cells=record.get("cells_alive", "-"),
         )

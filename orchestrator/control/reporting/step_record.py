@@ -14,6 +14,7 @@ from ledger.run_layout import LEDGER_HEAD_KEY
 from orchestrator.metric_keys import REWARD_KEY, WEIGHT_VERSION_KEY
 from ledger.audit.witness import Witness
 from orchestrator.control.reporting.tracking import RunTracker
+from orchestrator.rollout.step_metrics import train_staleness_metrics
 from orchestrator.rollout.types import RolloutFnTrainOutput
 
 __all__ = ["StepRecorder"]
@@ -32,12 +33,15 @@ class StepRecorder:
         self._started = time.monotonic()
 
     def record(self, step: int, batch: RolloutFnTrainOutput, train: dict[str, float],
-               head: Head, *, published_version: int | None, cells_alive: int,
+               head: Head, *, trainer_version: int, published_version: int | None,
+               cells_alive: int,
                quorum_id: int, step_s: float, timings: dict[str, float],
                negative_staleness_total: int) -> dict[str, Any]:
         """The record of 0-based ``step``, written to the metrics file; returns it.
-        ``step_s``: the step's wall seconds, the same that ``timings`` was derived from (so
-        ``time/control_plane_s`` is exactly the step less its compute phases)."""
+        ``trainer_version``: the version of the weights the batch trained on (the train-time
+        staleness is measured from it). ``step_s``: the step's wall seconds, the same that
+        ``timings`` was derived from (so ``time/control_plane_s`` is exactly the step less its
+        compute phases)."""
         rewards = [sample.reward for group in batch.samples for sample in group]
         reward_mean = statistics.fmean(rewards) if rewards else 0.0
         self.rewards.append(reward_mean)
@@ -58,6 +62,7 @@ class StepRecorder:
         }
         record.update({f"train/{key}": value for key, value in train.items()})
         record.update(batch.metrics)
+        record.update(train_staleness_metrics(batch.samples, trainer_version))
         record["negative_staleness_run_total"] = negative_staleness_total
         record.update({key: round(value, 4) for key, value in timings.items()})
         record[LEDGER_HEAD_KEY] = Witness.of_head(self.run_id, head).to_dict()
