@@ -11,7 +11,10 @@ Rules (DESIGN sections 3 and 5, :mod:`actors.engines.engine_protocol`):
   ``paused_since`` lets a parked call give up after the engine's paused-wait timeout.
 - ``staged``: the weights an in-flight update received (:class:`StagedUpdate`), held beside
   the serving ones until the swap at the committed version takes them, or a newer stage
-  replaces them. Staging never pauses and never changes the label.
+  replaces them. Staging never pauses and never changes the label. While a swap loads the
+  staged weights (``swapping``, between :meth:`EngineState.begin_swap` and
+  :meth:`EngineState.end_swap`), a newer stage waits: it can never land between the swap's
+  check and its stamp, so the loaded weights always get the label they were staged for.
 
 Not thread-safe by itself: callers hold :attr:`EngineState.lock` (a condition, notified on
 every change a waiter may care about).
@@ -56,6 +59,7 @@ class EngineState:
         self.in_flight = 0
         self.paused_since: float | None = None
         self.staged: StagedUpdate | None = None
+        self.swapping = False
         self.counters = {"generate_calls": 0, "aborted_calls": 0, "weight_loads": 0,
                          "weight_stages": 0, "weight_swaps": 0}
 
@@ -83,11 +87,13 @@ class EngineState:
         self.version = checked
 
     def stage(self, update: StagedUpdate) -> None:
-        """Hold ``update`` for the swap, replacing anything staged before.
+        """Hold ``update`` for the swap, replacing anything staged before; waits (releasing
+        the lock) while a swap is loading.
 
         Raises:
             StaleEpochError: its epoch is lower than the highest seen; nothing changes.
         """
+        self.lock.wait_for(lambda: not self.swapping)
         self.check_epoch("stage_weights", update.epoch)
         self.staged = update
         self.counters["weight_stages"] += 1
@@ -109,6 +115,21 @@ class EngineState:
             raise EngineStateError(
                 f"engine {self.engine_id} has no weights staged at epoch {epoch} to swap in")
         return self.staged
+
+    def begin_swap(self, version: object, epoch: int) -> StagedUpdate:
+        """:meth:`check_swap`, then hold every newer stage back until :meth:`end_swap` (the
+        caller loads the returned update without holding the lock).
+
+        Raises: as :meth:`check_swap`; nothing changes.
+        """
+        staged = self.check_swap(version, epoch)
+        self.swapping = True
+        return staged
+
+    def end_swap(self) -> None:
+        """The swap begun by :meth:`begin_swap` is over (stamped or failed): let stages in."""
+        self.swapping = False
+        self.lock.notify_all()
 
     def swapped(self, version: int, epoch: int) -> None:
         """After the staged weights were loaded: stamp ``version`` and drop the staged copy

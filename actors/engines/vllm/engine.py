@@ -71,7 +71,8 @@ class VLLMEngine:
     """One vLLM engine: the model of ``policy.model_dir``, a sampler, a version and a fence.
 
     Thread-safe: ``generate`` runs in many threads while control calls arrive. Lock order:
-    ``_engine_lock`` (every call into vLLM) before ``state.lock``.
+    the vLLM lock (every call into vLLM, taken with ``VLLMServing.exclusive``) before
+    ``state.lock``.
     """
 
     def __init__(
@@ -124,7 +125,6 @@ class VLLMEngine:
         self._serving = VLLMServing(self._llm, self.state, engine_id, self.task, self.sampling,
                                     self.max_model_len, paused_wait_timeout_s,
                                     on_outputs=self._deliver)
-        self._engine_lock = self._serving.lock  # every call into vLLM
         self._tracks = self._serving.tracks  # the requests in flight, by request id
         self._batches = GroupBatches(self.generate,
                                      VLLM_ENGINE_ACTOR_OPTIONS["max_concurrency"])
@@ -176,7 +176,7 @@ class VLLMEngine:
         ``abort``) or frozen in vLLM's scheduler (``in_place``). Returns the calls in flight."""
         with self.state.lock:
             self.state.pause()
-        with self._engine_lock:
+        with self._serving.exclusive():
             if self.pause_mode == "abort":
                 return self._serving.abort_unfinished()
             with self.state.lock:
@@ -195,7 +195,7 @@ class VLLMEngine:
             PolicyError: names or shapes do not match the model; nothing changes.
             ValueError: unknown transport.
         """
-        with self._engine_lock:
+        with self._serving.exclusive():
             with self.state.lock:
                 self.state.check_epoch("load_weights", epoch)
                 self.state.require_paused("load weights")
@@ -228,7 +228,9 @@ class VLLMEngine:
             ValueError: unknown transport.
         """
         plan, checksum = self.weights.receive(tensors, transport)  # checks; changes nothing
-        with self._engine_lock, self.state.lock:  # never between a swap's check and reload
+        # Not under the vLLM lock (that would wait for the device step in progress): the
+        # state holds a stage back while a swap loads (EngineState.begin_swap).
+        with self.state.lock:
             self.state.stage(StagedUpdate(plan.received, str(plan.transport), epoch, checksum))
         return checksum
 
@@ -250,20 +252,24 @@ class VLLMEngine:
             self.state.check_swap(version, epoch)
             paused_before = self.state.paused
         self.pause()
-        with self._engine_lock:
+        with self._serving.exclusive():
             try:
                 with self.state.lock:  # again: a newer stage may have come meanwhile
-                    staged = self.state.check_swap(version, epoch)
+                    staged = self.state.begin_swap(version, epoch)  # stages wait from here
             except Exception:
                 if not paused_before:
                     self._resume()  # nothing was loaded: serve on under the old label
                 raise
-            # Planned again: a LoRA plan restores what the current state changed. A failed
-            # reload leaves the engine paused (its weights are unknown): reported unstamped,
-            # the control plane's probe replaces it.
-            self._reload(self.weights.plan(staged.weights, staged.transport))
-            with self.state.lock:
-                self.state.swapped(version, epoch)
+            try:
+                # Planned again: a LoRA plan restores what the current state changed. A
+                # failed reload leaves the engine paused (its weights are unknown): reported
+                # unstamped, the control plane's probe replaces it.
+                self._reload(self.weights.plan(staged.weights, staged.transport))
+                with self.state.lock:
+                    self.state.swapped(version, epoch)
+            finally:
+                with self.state.lock:
+                    self.state.end_swap()
             return self._resume_stamped()
 
     @ray.method(concurrency_group=CONTROL)
@@ -285,7 +291,7 @@ class VLLMEngine:
         Raises:
             StaleEpochError: ``epoch`` is below the highest seen; the engine stays paused.
         """
-        with self._engine_lock:
+        with self._serving.exclusive():
             with self.state.lock:
                 if epoch is not None:
                     self.state.check_epoch("continue_generation", epoch)
@@ -301,7 +307,7 @@ class VLLMEngine:
             StaleEpochError: ``epoch`` is below the highest seen; nothing changes.
             VersionLabelError: ``version`` is not an int >= 0; nothing changes.
         """
-        with self._engine_lock:
+        with self._serving.exclusive():
             with self.state.lock:
                 self.state.stamp(version, epoch)
             return self._resume_stamped()
@@ -325,7 +331,7 @@ class VLLMEngine:
     @ray.method(concurrency_group=CONTROL)
     def weights_checksum(self, adapters_only: bool = False) -> str:
         """sha256 of the engine's logical weights (all, or the last adapters) by HF name."""
-        with self._engine_lock:
+        with self._serving.exclusive():
             return self.weights.checksum(adapters_only)
 
     @ray.method(concurrency_group=CONTROL)
@@ -343,7 +349,7 @@ class VLLMEngine:
         Raises:
             EngineStateError: not paused, or not on CUDA (vLLM's sleep mode is CUDA only).
         """
-        with self._engine_lock:
+        with self._serving.exclusive():
             with self.state.lock:
                 self.state.require_paused("sleep")
             if self.device != "cuda":
@@ -354,11 +360,11 @@ class VLLMEngine:
     def wake_up(self) -> None:
         """Take the GPU's memory back after :meth:`sleep` (no-op when awake);
         :meth:`load_weights` and :meth:`continue_generation` do it too."""
-        with self._engine_lock:
+        with self._serving.exclusive():
             self._wake()
 
     def _wake(self) -> None:
-        """Must hold ``_engine_lock``. Wake vLLM if it sleeps (resuming or loading always
+        """Must hold the vLLM lock. Wake vLLM if it sleeps (resuming or loading always
         does: a sleeping engine cannot step or reload)."""
         if self.device == "cuda" and self._llm.is_sleeping():
             self._llm.wake_up()

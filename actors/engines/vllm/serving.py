@@ -7,7 +7,10 @@ stepping thread stops while the engine is paused (:class:`~actors.engines.engine
 EngineState`); a call parked past the paused-wait timeout is aborted with its tokens so far.
 
 Lock order: :attr:`VLLMServing.lock` (every call into vLLM) before ``state.lock``. The
-engine's control calls take the same two locks.
+engine's control calls take the same two locks. Everyone but the stepping thread takes the
+vLLM lock with :meth:`VLLMServing.exclusive`, which gets it at the next step boundary: a
+``threading.Lock`` is not fair, and the stepper, taking it again right after each step, would
+otherwise win it back step after step while a weight swap or a new request waits.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from actors.engines.engine_state import EngineState
@@ -45,13 +49,31 @@ class VLLMServing:
         self.sampling = sampling
         self.max_model_len = max_model_len
         self.paused_wait_timeout_s = paused_wait_timeout_s
-        self.lock = threading.Lock()  # every call into vLLM
+        self.lock = threading.Lock()  # every call into vLLM; others take it by exclusive()
+        self._waiting = 0  # calls waiting in exclusive(): the stepper lets them in first
         self.tracks: dict[str, Track] = {}
         self._request_ids = itertools.count()
         self._on_outputs = on_outputs or self.deliver
         self._closed = False
         self._stepper = threading.Thread(target=self._step_loop, name="vllm-step", daemon=True)
         self._stepper.start()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold :attr:`lock` (for a call into vLLM), ahead of the stepping thread: the call
+        waits for the step in progress at most, never for the steps after it."""
+        with self.state.lock:
+            self._waiting += 1
+        try:
+            self.lock.acquire()
+        finally:
+            with self.state.lock:
+                self._waiting -= 1
+                self.state.lock.notify_all()  # the stepper may go on once nobody waits
+        try:
+            yield
+        finally:
+            self.lock.release()
 
     def generate(self, prompt: Prompt, n_samples: int, group_index: int,
                  max_new_tokens: int | None = None) -> list[Sample]:
@@ -97,7 +119,7 @@ class VLLMServing:
                     self.state.counters["generate_calls"] += 1
                     self.state.counters["aborted_calls"] += 1
                     return None
-            with self.lock, self.state.lock:
+            with self.exclusive(), self.state.lock:
                 if self.state.paused:
                     continue  # paused again in between: wait again
                 self.state.counters["generate_calls"] += 1
@@ -126,7 +148,7 @@ class VLLMServing:
             self._abort(tracks)
 
     def _abort(self, tracks: list[Track]) -> None:
-        with self.lock, self.state.lock:
+        with self.exclusive(), self.state.lock:
             unfinished = [t for t in tracks if t.finish_reason is None]
             if unfinished:
                 self.llm.abort_request([t.request_id for t in unfinished])
@@ -138,7 +160,8 @@ class VLLMServing:
         """The one thread that steps vLLM: one token per running request per step."""
         while True:
             with self.state.lock:
-                while not self._closed and (self.state.paused or not self._unfinished()):
+                while not self._closed and (self.state.paused or self._waiting
+                                            or not self._unfinished()):
                     self.state.lock.wait(timeout=1.0)
                 if self._closed:
                     return
