@@ -157,15 +157,12 @@ def train_staleness_metrics(groups: list[list[Sample]], trainer_version: int) ->
     ``staleness_*`` above is measured when the batch is drained, against the ledger head then.
     Fully-async drains the next batch while the current one trains, before the current update
     commits, so a group trains up to one version later than it was screened: a drain-time 0
-    is a train-time 1. Unstamped samples (counted as ``missing_version`` by the screen) are
-    left out.
+    is a train-time 1. A group with an unstamped sample (the screen never trains one: it
+    counts it as ``missing_version``) is left out.
     """
-    lags = []
-    for samples in groups:
-        versions = [sample.oldest_weight_version for sample in samples]
-        stamped = [version for version in versions if version is not None]
-        if stamped:
-            lags.append(trainer_version - min(stamped))
+    oldest = (Group(samples[0].group_index, samples).oldest_weight_version
+              for samples in groups if samples)
+    lags = [trainer_version - version for version in oldest if version is not None]
     return {
         metric_key("train_staleness_avg"): sum(lags) / len(lags) if lags else 0.0,
         TRAIN_STALENESS_MAX_KEY: max(lags) if lags else 0,

@@ -69,7 +69,8 @@ class VLLMServing:
         finally:
             with self.state.lock:
                 self._waiting -= 1
-                self.state.lock.notify_all()  # the stepper may go on once nobody waits
+                if not self._waiting:
+                    self.state.lock.notify_all()  # nobody waits: the stepper may go on
         try:
             yield
         finally:

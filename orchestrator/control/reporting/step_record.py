@@ -34,8 +34,7 @@ class StepRecorder:
 
     def record(self, step: int, batch: RolloutFnTrainOutput, train: dict[str, float],
                head: Head, *, trainer_version: int, published_version: int | None,
-               cells_alive: int,
-               quorum_id: int, step_s: float, timings: dict[str, float],
+               cells_alive: int, quorum_id: int, step_s: float, timings: dict[str, float],
                negative_staleness_total: int) -> dict[str, Any]:
         """The record of 0-based ``step``, written to the metrics file; returns it.
         ``trainer_version``: the version of the weights the batch trained on (the train-time
