@@ -180,6 +180,11 @@ class CountingPublisher(Publisher):
         if outcome.epoch != self.epoch:  # a new publisher: from 1
             self.count, self.epoch = 0, outcome.epoch
         self.count += 1
+        # The real path pushed the ledger's version without waiting for the answer. The
+        # manager is an async actor, which Ray does not run in submission order: unsettled,
+        # that push could land after the count and undo the planted bug (one CI run,
+        # 2026-12-06, went green so). Settled first, the count is always the last word.
+        self._manager.settle_push()
         ray.get(self._manager.manager.set_weight_version.remote(self.count))
         return outcome
 
