@@ -71,18 +71,18 @@ def run_job(config: RunConfig, options: JobOptions = JobOptions()) -> JobResult:
     model = plan_model(config, layout.run_dir)  # --engine vllm: the Llama every actor loads
     config = model.config
     launch.check_cluster_ledger(config, ledger_url, options.ray_address)
-    # Every check that can refuse the run at once is done: torch (for the cells' rendezvous
-    # store) loads, and the task model of a vLLM run is made, while the ledger opens and Ray
-    # starts. That shortens the start-up where cores are free; on two cores, which Ray's own
-    # processes already keep busy, it measured the same (README, "Start-up of a vLLM run").
-    preload = launch.preload_in_background("torch.distributed")
-    with contextlib.ExitStack() as cleanup:  # undone in reverse: job, ledger, model, preload
+    with contextlib.ExitStack() as cleanup:  # undone in reverse: job, model, preload, ledger
+        ledger = Ledger.open(ledger_url)
+        cleanup.callback(ledger.close)
+        # Every check that can refuse the run is done: torch (for the cells' rendezvous store)
+        # loads, and the task model of a vLLM run is made, while Ray starts. Not while the
+        # ledger opens: the import would hold the interpreter lock the ledger's migrations
+        # need, and Ray would start later.
+        preload = launch.preload_in_background("torch.distributed")
         cleanup.callback(preload.join)
         background = cleanup.enter_context(
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="rl-ledger-model"))
         model_made = background.submit(model.make)
-        ledger = Ledger.open(ledger_url)
-        cleanup.callback(ledger.close)
         logger.info("start-up: ray.init called at %.3f", time.time())
         launch.init_ray(config, options.ray_address)
         logger.info("start-up: ray.init returned at %.3f", time.time())
