@@ -196,7 +196,10 @@ class RolloutEngineProtocol(Protocol):
     def health(self) -> dict[str, Any]:
         """A snapshot with at least: ``engine_id``, ``pid``, ``version``, ``epoch``,
         ``paused``, ``in_flight`` (calls not yet returned, parked ones included),
-        ``pause_mode`` (``abort`` | ``in_place``)."""
+        ``pause_mode`` (``abort`` | ``in_place``), and the generate calls received and not
+        yet answered: ``calls``, the most it runs at once ``max_calls``, and their groups
+        ``groups_in_flight`` (the engine pool gives up a call whose groups its engine does
+        not hold: :mod:`orchestrator.control.engine_pool.ray_pool`)."""
         ...
 
     def pid(self) -> int:

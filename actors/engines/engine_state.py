@@ -9,6 +9,9 @@ Rules (DESIGN sections 3 and 5, :mod:`actors.engines.engine_protocol`):
   the engines fence the tensors.
 - ``paused``: set by a weight update's pause, cleared by ``continue_generation``;
   ``paused_since`` lets a parked call give up after the engine's paused-wait timeout.
+- ``calls`` / ``groups``: the generate calls received and not yet answered, and their groups
+  (:meth:`EngineState.receiving`), so the engine pool can tell a call the engine is working on
+  (however slowly) from one that never reached it.
 - ``staged``: the weights an in-flight update received (:class:`StagedUpdate`), held beside
   the serving ones until the swap at the committed version takes them, or a newer stage
   replaces them. Staging never pauses and never changes the label. While a swap loads the
@@ -25,6 +28,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +55,11 @@ class StagedUpdate:
 class EngineState:
     """Version, epoch, pause flag, in-flight count and counters of one engine."""
 
-    def __init__(self, engine_id: str) -> None:
+    def __init__(self, engine_id: str, max_calls: int) -> None:
         self.engine_id = engine_id
+        self.max_calls = max_calls  # generate calls the actor runs at once (its concurrency)
+        self.calls = 0
+        self.groups: Counter[int] = Counter()  # group index -> its calls not yet answered
         self.lock = threading.Condition()
         self.version = 0
         self.epoch = 0
@@ -62,6 +71,22 @@ class EngineState:
         self.swapping = False
         self.counters = {"generate_calls": 0, "aborted_calls": 0, "weight_loads": 0,
                          "weight_stages": 0, "weight_swaps": 0}
+
+    @contextmanager
+    def receiving(self, group_indexes: Iterable[int]) -> Iterator[None]:
+        """One ``generate`` or ``generate_batch`` call from its arrival to its answer: counted
+        in :attr:`calls`, its groups in :attr:`groups`. Takes the lock itself."""
+        indexes = list(group_indexes)
+        with self.lock:
+            self.calls += 1
+            self.groups.update(indexes)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.calls -= 1
+                self.groups.subtract(indexes)
+                self.groups = +self.groups  # drop the groups with no call left
 
     def check_epoch(self, operation: str, epoch: int) -> None:
         """Adopt ``epoch`` if it is not below the highest seen.
@@ -169,7 +194,8 @@ class EngineState:
                 and time.monotonic() - self.paused_since > timeout_s)
 
     def snapshot(self) -> dict[str, Any]:
-        """id, pid, version, epoch, paused, updating, in flight and the counters."""
+        """id, pid, version, epoch, paused, updating, in flight, the calls received (and the
+        most it runs at once) with their groups, and the counters."""
         return {
             "engine_id": self.engine_id,
             "pid": os.getpid(),
@@ -178,5 +204,8 @@ class EngineState:
             "paused": self.paused,
             "updating": self.updating,
             "in_flight": self.in_flight,
+            "calls": self.calls,
+            "max_calls": self.max_calls,
+            "groups_in_flight": sorted(self.groups),
             **self.counters,
         }

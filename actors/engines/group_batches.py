@@ -30,8 +30,9 @@ class GroupBatches:
 
     def __init__(self, generate: Generate, max_concurrency: int) -> None:
         self._generate = generate
-        self._max_concurrency = max_concurrency
-        self._threads: ThreadPoolExecutor | None = None  # started by the first batch of two
+        # Made here, not on the first batch: concurrent batched calls would race to make it
+        # (its threads still start only as groups are submitted).
+        self._threads = ThreadPoolExecutor(max_concurrency, thread_name_prefix="engine-group")
 
     def run(self, requests: Sequence[GroupRequest]) -> list[list[Sample]]:
         """Every request's samples, in request order, once all of them finished.
@@ -42,9 +43,6 @@ class GroupBatches:
         """
         if len(requests) == 1:
             return [self._generate(*requests[0])]
-        if self._threads is None:
-            self._threads = ThreadPoolExecutor(self._max_concurrency,
-                                               thread_name_prefix="engine-group")
         futures = [self._threads.submit(self._generate, *request) for request in requests]
         errors = [future.exception() for future in futures]  # waits for every group
         for error in errors:

@@ -1,12 +1,11 @@
 """RolloutEngine: samples responses with its own inference copy of the policy.
 
-A plain class, made remote where it is allocated, as a threaded actor so that control calls
-arrive while ``generate`` runs: ``ray.remote(**ROLLOUT_ENGINE_ACTOR_OPTIONS)(RolloutEngine)``.
-Control methods (pause, updates, health) run in their own concurrency group, so they are never
-queued behind generate calls blocked on a pause. It implements
-:class:`~actors.engines.engine_protocol.RolloutEngineProtocol`, where the semantics are stated.
-No torch at import: Ray loads an actor's class wherever its handle is deserialized (in the
-rollout manager too); ``__init__`` imports it, and the ``WeightBuffers`` handle the tensors.
+A plain class, made remote where it is allocated as a threaded actor
+(``ray.remote(**ROLLOUT_ENGINE_ACTOR_OPTIONS)(RolloutEngine)``) whose control methods (pause,
+updates, health) run in a concurrency group of their own, never queued behind generate calls.
+It implements :class:`~actors.engines.engine_protocol.RolloutEngineProtocol` (the semantics).
+No torch at import (Ray loads an actor's class wherever its handle is deserialized, in the
+rollout manager too): ``__init__`` imports it, and ``WeightBuffers`` handle the tensors.
 
 Its label, epoch fence, pause flag and staged update live in the one
 :class:`~actors.engines.engine_state.EngineState` (shared with the vLLM engine). Every token is
@@ -30,6 +29,7 @@ from actors.engines.engine_protocol import pause_mode
 from actors.engines.engine_state import EngineState, StagedUpdate
 from actors.engines.group_batches import GroupBatches
 from actors.engines.sampling import Decoding, SamplingParams, build_samples
+from actors.engines.scoring import load_task
 from actors.errors import EngineStateError
 from actors.task import AdditionTask
 from actors.transport import Transport
@@ -79,7 +79,7 @@ class RolloutEngine:
 
         Raises:
             PolicyError, ValueError: the policy, sampling parameters, device or dtype are
-                invalid. DeviceError: ``"cuda"`` without a CUDA device.
+                invalid. DeviceError: ``"cuda"`` without a CUDA device. TokenizerError.
         """
         import torch
 
@@ -90,7 +90,7 @@ class RolloutEngine:
         torch.set_num_threads(1)  # a fraction of a core per actor on a small machine
         self.engine_id = engine_id
         self.backend = backend
-        self.task = task or AdditionTask()
+        self.task = load_task(task or AdditionTask())
         self.sampling = SamplingParams.from_value(sampling)
         self.paused_wait_timeout_s = paused_wait_timeout_s
         self.partial_rollout = partial_rollout
@@ -101,12 +101,12 @@ class RolloutEngine:
         self.max_sequence_length = config.max_sequence_length
         self._generator = torch.Generator(device=self.device).manual_seed(seed * 1_000_003 + 17)
         self._rng_lock = threading.Lock()
-        self.state = EngineState(engine_id)  # in_flight: calls not yet returned, parked too
+        self.state = EngineState(engine_id, ROLLOUT_ENGINE_ACTOR_OPTIONS["max_concurrency"])
         self._buffers = WeightBuffers(model, self.state.lock)  # serving copy, its version
         self.state.counters.update(parked_calls=0, resumed_calls=0, decode_steps=0)
         self._running = 0  # calls computing a token (not parked); under state.lock
         self._abort_token = 0  # bumped by an abort-mode pause; under state.lock
-        self._batches = GroupBatches(self.generate,
+        self._batches = GroupBatches(self._generate,
                                      ROLLOUT_ENGINE_ACTOR_OPTIONS["max_concurrency"])
 
     # ---------------------------------------------------------------------------- helpers
@@ -136,6 +136,16 @@ class RolloutEngine:
         Raises:
             ValueError: ``n_samples < 1`` or the prompt does not fit the context.
         """
+        with self.state.receiving([group_index]):
+            return self._generate(prompt, n_samples, group_index, max_new_tokens)
+
+    def generate_batch(self, requests: list[GroupRequest]) -> list[list[Sample]]:
+        """:meth:`generate` for every request at once (:mod:`actors.engines.group_batches`)."""
+        with self.state.receiving(request.group_index for request in requests):
+            return self._batches.run(requests)
+
+    def _generate(self, prompt: Prompt, n_samples: int, group_index: int,
+                  max_new_tokens: int | None = None) -> list[Sample]:
         if n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {n_samples}")
         if len(prompt.tokens) >= self.max_sequence_length:
@@ -162,11 +172,6 @@ class RolloutEngine:
                 state.counters["aborted_calls"] += aborted
                 state.lock.notify_all()
         return self._samples(prompt, group_index, rollout, aborted)
-
-    def generate_batch(self, requests: list[GroupRequest]) -> list[list[Sample]]:
-        """:meth:`generate` for every request at once, each on a thread of its own; the
-        samples in request order once all finished (:mod:`actors.engines.group_batches`)."""
-        return self._batches.run(requests)
 
     def _before_token(self) -> None:
         """Called before each decode step, while the call counts as running (a pause waits
@@ -374,10 +379,7 @@ class RolloutEngine:
         under one lock (so no call runs between the two). Returns ``engine_id`` and
         ``resume_error`` (always ``None`` here: resuming cannot fail once stamped).
 
-        Raises:
-            StaleEpochError: ``epoch`` is lower than the highest seen; nothing changes, the
-                engine stays paused.
-            VersionLabelError: ``version`` is not a non-negative int; nothing changes.
+        Raises: as :meth:`update_weight_version`; the engine then stays paused.
         """
         with self.state.lock:
             self.state.stamp(version, epoch)
@@ -392,8 +394,7 @@ class RolloutEngine:
 
     @ray.method(concurrency_group=CONTROL)
     def health(self) -> dict[str, Any]:
-        """A snapshot: id, pid, version, epoch, pause mode, paused, updating, in flight
-        (parked calls included), running, counters."""
+        """:meth:`EngineState.snapshot`, the backend, pause mode and calls computing."""
         with self.state.lock:
             return {**self.state.snapshot(), "backend": self.backend,
                     "pause_mode": self.pause_mode, "running": self._running}

@@ -4,6 +4,12 @@ Aborted samples are not scored (reward 0; the group is regenerated anyway). The 
 scored in one ``task.score_group`` call. A reward function that raises does not crash the
 engine and never silently becomes 0: every scored sample of the group gets the error as its
 ``reward_error`` and the rollout screen drops the group as ``reward_error``.
+
+An engine loads its task (:func:`load_task`) when it is made, not on its first request: a
+data set's tokenizer loads Hugging Face ``transformers`` (seconds of imports), which then
+runs once, on the actor's start-up thread, instead of on one of the first batch's request
+threads while the others wait for it; and a tokenizer that cannot load fails the engine's
+start instead of its first group.
 """
 
 from __future__ import annotations
@@ -14,9 +20,20 @@ from typing import Any
 
 from orchestrator.rollout.types import Prompt, SampleStatus
 
-__all__ = ["score_group"]
+__all__ = ["load_task", "score_group"]
 
 logger = logging.getLogger(__name__)
+
+
+def load_task(task: Any) -> Any:
+    """``task`` with its tokenizer loaded (its EOS and pad ids read), ready to stop and score
+    generations; returns it.
+
+    Raises:
+        TokenizerError: a data set's tokenizer cannot be loaded.
+    """
+    _ = task.tokenizer.eos_id, task.tokenizer.pad_id
+    return task
 
 
 def score_group(task: Any, prompt: Prompt, responses: Sequence[Sequence[int]],

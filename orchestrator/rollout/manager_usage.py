@@ -4,7 +4,8 @@ The manager shares the trainer's machine (on a small one, its cores), so its CPU
 every step's price. :meth:`ManagerUsage.since_last` reports, for the interval since the
 previous drain ended (a step, in steady state): the manager process's CPU seconds (every
 thread, Ray's included), that as a share of one core, and the engine calls and groups its pool
-sent (a pool that counts them: ``calls_sent``, ``groups_sent``).
+sent and the calls it gave up as lost (a pool that counts them: ``calls_sent``,
+``groups_sent``, ``calls_lost``).
 """
 
 from __future__ import annotations
@@ -24,16 +25,18 @@ class ManagerUsage:
         self._pool = engine_pool
         self._mark = self._now()
 
-    def _now(self) -> tuple[float, float, int, int]:
+    def _now(self) -> tuple[float, float, int, int, int]:
         return (time.process_time(), time.monotonic(),
                 int(getattr(self._pool, "calls_sent", 0)),
-                int(getattr(self._pool, "groups_sent", 0)))
+                int(getattr(self._pool, "groups_sent", 0)),
+                int(getattr(self._pool, "calls_lost", 0)))
 
     def since_last(self) -> dict[str, float]:
         """The interval's ``manager_cpu_s``, ``manager_cpu_share`` (of one core),
-        ``engine_calls`` and ``groups_per_engine_call`` (0 when no call was sent)."""
+        ``engine_calls``, ``groups_per_engine_call`` (0 when no call was sent) and
+        ``engine_calls_lost``."""
         now = self._now()
-        cpu, wall, calls, groups = (after - before for after, before in zip(now, self._mark,
+        cpu, wall, calls, groups, lost = (after - before for after, before in zip(now, self._mark,
                                                                              strict=True))
         self._mark = now
         return {
@@ -41,4 +44,5 @@ class ManagerUsage:
             metric_key("manager_cpu_share"): cpu / wall if wall > 0 else 0.0,
             metric_key("engine_calls"): calls,
             metric_key("groups_per_engine_call"): groups / calls if calls else 0.0,
+            metric_key("engine_calls_lost"): lost,
         }

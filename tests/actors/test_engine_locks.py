@@ -33,7 +33,7 @@ class CountingStepper:
 
 
 def test_a_stage_waits_while_a_swap_loads_and_lands_after_its_stamp() -> None:
-    state = EngineState("engine-0")
+    state = EngineState("engine-0", max_calls=16)
     with state.lock:
         state.stage(StagedUpdate("weights-e1", "full", epoch=1, checksum="c1"))
         swapping = state.begin_swap(version=5, epoch=1)
@@ -58,7 +58,7 @@ def test_a_stage_waits_while_a_swap_loads_and_lands_after_its_stamp() -> None:
 
 
 def test_a_call_into_vllm_waits_for_one_step_at_most() -> None:
-    state = EngineState("engine-0")
+    state = EngineState("engine-0", max_calls=16)
     stepper = CountingStepper(step_s=0.005)
     serving = VLLMServing(stepper, state, "engine-0", task=None, sampling=SamplingParams(),
                           max_model_len=64, paused_wait_timeout_s=60.0,

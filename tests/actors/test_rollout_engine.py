@@ -9,12 +9,15 @@ import pytest
 import ray
 import torch
 
+from actors.dataset_task import DatasetTask
 from actors.errors import EngineStateError, StaleEpochError
 from actors.policies.policy import PolicyConfig, PolicyError, build_policy
 from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from actors.task import TOKENIZER, AdditionTask
 from actors.publishing.weight_sync import collect_weights, tensors_checksum
-from orchestrator.rollout.errors import VersionLabelError
+from actors.rewards import RewardFunction
+from orchestrator.rollout.data.tokenizer import HFTokenizer
+from orchestrator.rollout.errors import TokenizerError, VersionLabelError
 from orchestrator.rollout.types import SampleStatus
 from tests.waiting import wait_until
 
@@ -42,6 +45,17 @@ def test_generate_returns_stamped_scored_samples() -> None:
         assert sample.reward == TASK.reward(prompt, sample.response_tokens)
         finished = sample.response_tokens[-1] == TOKENIZER.eos_id
         assert sample.status is (SampleStatus.COMPLETED if finished else SampleStatus.TRUNCATED)
+
+
+def test_an_engine_loads_its_tokenizer_when_made_so_a_missing_one_fails_its_start(
+        tmp_path) -> None:
+    # Not on the first request's threads (seconds of imports while the batch waits), and not
+    # as a first group that fails only once the run is going.
+    task = DatasetTask(HFTokenizer(tmp_path / "no-tokenizer-here"),
+                       RewardFunction(custom_rm_path="tests.reward_fixtures.exact"))
+
+    with pytest.raises(TokenizerError, match="no loadable tokenizer"):
+        RolloutEngine("engine-0", "torch", CONFIG, seed=0, task=task)
 
 
 def test_pause_aborts_in_flight_call_and_holds_new_ones() -> None:

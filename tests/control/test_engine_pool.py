@@ -1,12 +1,15 @@
 """RayEnginePool on real engine actors: the groups started together reach each engine as one
-batched call and come back whole; a dead engine's batch comes back aborted; the cap holds; a
-process holding the pool (the rollout manager) never imports torch."""
+batched call and come back whole; a dead engine's batch comes back aborted; a call the engine
+never took comes back aborted, a slow one it holds is waited for; the cap holds; a process
+holding the pool (the rollout manager) never imports torch."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
+import threading
 import uuid
 
 import pytest
@@ -15,7 +18,7 @@ import ray
 from actors.engines.rollout_engine import ROLLOUT_ENGINE_ACTOR_OPTIONS, RolloutEngine
 from actors.policies.policy import PolicyConfig
 from actors.task import TOKENIZER, AdditionTask
-from orchestrator.control.engine_pool.ray_pool import RayEnginePool
+from orchestrator.control.engine_pool.ray_pool import LostCallPolicy, RayEnginePool
 from orchestrator.rollout.types import SampleStatus
 from tests.waiting import wait_until
 
@@ -24,6 +27,15 @@ pytestmark = pytest.mark.ray
 TASK = AdditionTask(seed=0)
 CONFIG = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
 LONG_CONFIG = PolicyConfig(vocab_size=TOKENIZER.vocab_size, max_sequence_length=96)
+QUICK_VERDICT = LostCallPolicy(lost_after_s=0.5, check_interval_s=0.3)
+
+
+class _CallLosingEngine(RolloutEngine):
+    """A real engine whose batched calls are lost: Ray delivers them, but the engine never
+    takes them (what a call lost on its way, or answered into the void, looks like)."""
+
+    def generate_batch(self, requests):
+        threading.Event().wait()  # holds the Ray call forever, never registers its groups
 
 
 def _engines(count: int, config: PolicyConfig = CONFIG, sampling=None) -> dict[str, object]:
@@ -97,6 +109,46 @@ def test_a_batch_on_an_engine_that_dies_comes_back_aborted(ray_cluster):
                for batch in by_engine[0] for s in batch)
     assert all(s.status is not SampleStatus.ABORTED for batch in by_engine[1] for s in batch)
     assert pool.alive_ids() == ["engine-1"]
+
+
+def test_a_call_the_engine_never_took_comes_back_aborted_and_is_counted(ray_cluster):
+    Engine = ray.remote(**{**ROLLOUT_ENGINE_ACTOR_OPTIONS, "num_cpus": 0.1})(_CallLosingEngine)
+    engine = Engine.remote("engine-0", "torch", CONFIG, seed=0, task=TASK)
+    pool = RayEnginePool({"engine-0": engine}, max_groups_per_call=8, lost_calls=QUICK_VERDICT)
+
+    results = _generate_together(pool, [0, 1])
+
+    assert pool.calls_lost == 1
+    for group, samples in zip([0, 1], results, strict=True):
+        assert [s.group_index for s in samples] == [group, group]
+        assert all(s.status is SampleStatus.ABORTED for s in samples)
+        assert all(s.metadata["aborted_by"] == "call lost by engine engine-0" for s in samples)
+    assert pool.alive_ids() == ["engine-0"]  # lost a call, not dead: it is sent work again
+    ray.kill(engine)
+
+
+def test_a_slow_call_the_engine_holds_is_waited_for_not_given_up(ray_cluster, caplog):
+    Engine = ray.remote(**{**ROLLOUT_ENGINE_ACTOR_OPTIONS, "num_cpus": 0.1})(RolloutEngine)
+    engine = Engine.remote("engine-0", "torch", CONFIG, seed=0, task=TASK,
+                           paused_wait_timeout_s=60)
+    policy = dataclasses.replace(QUICK_VERDICT, slow_warning_s=1.0)
+    pool = RayEnginePool({"engine-0": engine}, max_groups_per_call=8, lost_calls=policy)
+    ray.get(engine.pause.remote())  # the call waits for the resume: held, not lost
+
+    async def scenario():
+        calls = asyncio.gather(*(pool.generate(TASK.make_prompt(g), 2, g) for g in (0, 1)))
+        await asyncio.sleep(6 * QUICK_VERDICT.check_interval_s + QUICK_VERDICT.lost_after_s)
+        held = await engine.health.remote()
+        await engine.continue_generation.remote()
+        return held, await calls
+
+    held, results = asyncio.run(scenario())
+
+    assert held["groups_in_flight"] == [0, 1] and held["calls"] == 1
+    assert pool.calls_lost == 0
+    assert all(s.status is not SampleStatus.ABORTED for samples in results for s in samples)
+    slow = [r.getMessage() for r in caplog.records if "has held a call" in r.getMessage()]
+    assert len(slow) == 1 and "groups [0, 1]" in slow[0] and "'paused': True" in slow[0]
 
 
 def test_an_engine_error_reaches_every_group_of_the_call(ray_cluster):

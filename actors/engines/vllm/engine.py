@@ -43,6 +43,7 @@ from actors.engines.engine_protocol import pause_mode
 from actors.engines.engine_state import EngineState, StagedUpdate
 from actors.engines.group_batches import GroupBatches
 from actors.engines.sampling import SamplingParams
+from actors.engines.scoring import load_task
 from actors.engines.vllm.args import (
     DEFAULT_KV_CACHE_BYTES,
     VLLM_ENVIRONMENT,
@@ -96,6 +97,8 @@ class VLLMEngine:
         Raises:
             PolicyError: no Llama checkpoint in the directory.
             ValueError: invalid sampling parameters or device.
+            TokenizerError: the task's tokenizer cannot be loaded
+                (:func:`~actors.engines.scoring.load_task`).
         """
         # Here, not at import: every holder of this actor's handle loads this module (the
         # rollout manager too), and only the engine's own process needs torch.
@@ -105,7 +108,7 @@ class VLLMEngine:
         os.environ.update(VLLM_ENVIRONMENT)
         self.engine_id = engine_id
         self.policy = HFPolicyConfig.from_value(policy)
-        self.task = task or AdditionTask()
+        self.task = load_task(task or AdditionTask())
         self.sampling = SamplingParams.from_value(sampling)
         self.pause_mode = pause_mode(partial_rollout)
         self.paused_wait_timeout_s = paused_wait_timeout_s
@@ -120,13 +123,13 @@ class VLLMEngine:
         started = time.monotonic()
         self._llm = start_vllm(**arguments)
         self.startup_s = time.monotonic() - started
-        self.state = EngineState(engine_id)
+        self.state = EngineState(engine_id, VLLM_ENGINE_ACTOR_OPTIONS["max_concurrency"])
         self.state.counters["generated_tokens"] = 0
         self._serving = VLLMServing(self._llm, self.state, engine_id, self.task, self.sampling,
                                     self.max_model_len, paused_wait_timeout_s,
                                     on_outputs=self._deliver)
         self._tracks = self._serving.tracks  # the requests in flight, by request id
-        self._batches = GroupBatches(self.generate,
+        self._batches = GroupBatches(self._serving.generate,
                                      VLLM_ENGINE_ACTOR_OPTIONS["max_concurrency"])
 
     def pid(self) -> int:
@@ -143,12 +146,14 @@ class VLLMEngine:
         Raises:
             ValueError: ``n_samples < 1`` or the prompt leaves no room for a response.
         """
-        return self._serving.generate(prompt, n_samples, group_index, max_new_tokens)
+        with self.state.receiving([group_index]):
+            return self._serving.generate(prompt, n_samples, group_index, max_new_tokens)
 
     def generate_batch(self, requests: list[GroupRequest]) -> list[list[Sample]]:
         """:meth:`generate` for every request at once (each waits on the stepping thread, so
         vLLM batches them); the samples in request order once all finished."""
-        return self._batches.run(requests)
+        with self.state.receiving(request.group_index for request in requests):
+            return self._batches.run(requests)
 
     def _deliver(self, outputs: list[Any], version: int) -> None:
         """Called by the stepping thread, holding both locks, with one step's outputs: append
