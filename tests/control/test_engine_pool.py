@@ -111,6 +111,28 @@ def test_a_batch_on_an_engine_that_dies_comes_back_aborted(ray_cluster):
     assert pool.alive_ids() == ["engine-1"]
 
 
+def test_the_late_failure_of_a_replaced_engine_leaves_its_replacement_alive(ray_cluster):
+    old = _engines(1, LONG_CONFIG, sampling={"max_new_tokens": 90})["engine-0"]
+    new = _engines(1)["engine-0"]
+    pool = RayEnginePool({"engine-0": old}, max_groups_per_call=8)
+    pid = ray.get(old.pid.remote())
+
+    async def scenario():
+        call = asyncio.ensure_future(pool.generate(TASK.make_prompt(0), 64, 0))
+        await asyncio.sleep(0)
+        await asyncio.to_thread(wait_until, lambda: ray.get(old.health.remote())["running"],
+                                what="the old engine generating")
+        pool.replace("engine-0", new)  # the supervisor restarted it while the call ran
+        os.kill(pid, signal.SIGKILL)
+        return await call
+
+    samples = asyncio.run(scenario())
+
+    assert all(s.status is SampleStatus.ABORTED for s in samples)
+    assert pool.alive_ids() == ["engine-0"]  # the new engine, not marked dead by the old one
+    assert _generate_together(pool, [1])[0][0].status is not SampleStatus.ABORTED
+
+
 def test_a_call_the_engine_never_took_comes_back_aborted_and_is_counted(ray_cluster):
     Engine = ray.remote(**{**ROLLOUT_ENGINE_ACTOR_OPTIONS, "num_cpus": 0.1})(_CallLosingEngine)
     engine = Engine.remote("engine-0", "torch", CONFIG, seed=0, task=TASK)

@@ -15,9 +15,9 @@ A call that an engine never took (lost on the way, or answered into the void) wo
 groups: in flight until the run ends, and the engine starved by the least-loaded dispatch. So
 the pool watches its old calls (:class:`LostCallPolicy`): once a call has waited
 ``lost_after_s``, the pool reads its engine's ``health`` every ``check_interval_s``. A call of
-which the engine holds no group (``groups_in_flight``) while it has a free call slot (``calls``
-below ``max_calls``: the call is not queued behind others), at ``checks_to_give_up`` checks in
-a row, is lost: its groups come back ABORTED, the pool logs it and counts it in
+which the engine holds no group (``groups_in_flight``) while it has a free call slot (its
+``calls`` and the pool's own calls to it both below its ``max_calls``: the call cannot be
+queued behind others), at ``checks_to_give_up`` checks in a row, is lost: its groups come back ABORTED, the pool logs it and counts it in
 ``calls_lost``. A slow call is never given up: its engine holds its groups. One that its
 engine has held past ``slow_warning_s`` is logged once, with the engine's health (a call stuck
 inside an engine shows there).
@@ -210,8 +210,8 @@ class RayEnginePool:
             for engine_id in sorted({call.engine_id for call in old}):
                 health = await self._health(engine_id)
                 if health is not None:
-                    self._check(health, [c for c in old
-                                         if c.engine_id == engine_id and c in self._calls])
+                    self._check(engine_id, health,
+                                [c for c in old if c.engine_id == engine_id and c in self._calls])
 
     async def _health(self, engine_id: str) -> dict[str, Any] | None:
         """The engine's ``health``; None if it gave none in time (a dead or frozen engine is
@@ -223,9 +223,10 @@ class RayEnginePool:
             logger.debug("engine %s gave no health to check its calls: %s", engine_id, exc)
             return None
 
-    def _check(self, health: dict[str, Any], calls: list[_Call]) -> None:
+    def _check(self, engine_id: str, health: dict[str, Any], calls: list[_Call]) -> None:
         held = set(health.get("groups_in_flight", ()))
-        free_slot = health.get("calls", 0) < health.get("max_calls", 0)
+        ours = sum(1 for call in self._calls if call.engine_id == engine_id)
+        free_slot = max(health.get("calls", 0), ours) < health.get("max_calls", 0)
         for call in calls:
             if not free_slot or any(w.request.group_index in held for w in call.batch):
                 call.absent_checks = 0
