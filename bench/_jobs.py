@@ -79,9 +79,10 @@ class DeviceLatencyEngine(RolloutEngine):
 
     device_s_per_token = 0.015
 
-    def generate(self, *args: Any, **kwargs: Any) -> list[Any]:
+    def _generate(self, *args: Any, **kwargs: Any) -> list[Any]:
+        # One group's body, on the thread that generates it: a single call's, or a batch's.
         _run_on_idle_cycles_only()  # this generating thread, from now on
-        return super().generate(*args, **kwargs)
+        return super()._generate(*args, **kwargs)
 
     def _forward_step(self, tokens: Any, decoder: Any) -> Any:
         logits = super()._forward_step(tokens, decoder)  # the device's work, done on the CPU
