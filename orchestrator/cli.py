@@ -308,10 +308,30 @@ def _fail(message: str, code: int) -> NoReturn:
     sys.exit(code)
 
 
+def _ray_is_up() -> bool:
+    ray = sys.modules.get("ray")  # a command that never imported Ray started none
+    return ray is not None and ray.is_initialized()
+
+
+@contextmanager
+def _ray_stopped_when_done() -> Iterator[None]:
+    """Stop the Ray cluster a command started (disconnect from one it joined) when the command
+    is done, not at interpreter exit, where Ray first sleeps 0.5 s so that forwarded worker
+    logs can print: this CLI forwards none (``log_to_driver=False``). Ray already up when the
+    command began (a caller's, in-process) is left as it is."""
+    was_up = _ray_is_up()
+    try:
+        yield
+    finally:
+        if not was_up and _ray_is_up():
+            sys.modules["ray"].shutdown()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI; returns on success, else exits with 1 or 2 (see module doc)."""
     try:
-        code = app(args=argv, prog_name="orchestrator", standalone_mode=False)
+        with _ray_stopped_when_done():
+            code = app(args=argv, prog_name="orchestrator", standalone_mode=False)
     except typer.TyperException as exc:  # (typer >= 0.27.2) unknown option, bad value, ...
         _fail(f"error: {' '.join(exc.format_message().split())}", EXIT_USAGE)
     except (UserError, ConfigError) as exc:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,6 +82,29 @@ def test_more_actors_than_cpus_is_exit_2_and_writes_nothing(capsys, tmp_path: Pa
                             "--rollout-batch-size", "30", "--runs-dir", str(tmp_path)], capsys)
     assert_one_line_error(code, err, "30 cells and 30 engines need", "CPUs")
     assert list(tmp_path.iterdir()) == []
+    assert ray_cluster_is_up(), "a command stopped the Ray it found running"
+
+
+def ray_cluster_is_up() -> bool:
+    import ray
+
+    return ray.is_initialized()
+
+
+def test_a_command_stops_the_ray_it_started_when_it_is_done():
+    """Not at interpreter exit, where Ray first sleeps 0.5 s for worker logs the CLI never
+    forwards. In a process of its own: this session's cluster must stay up."""
+    script = ("import ray\n"
+              "from orchestrator.cli import _ray_stopped_when_done\n"
+              "with _ray_stopped_when_done():\n"
+              "    ray.init(address='local', num_cpus=1, include_dashboard=False,\n"
+              "             log_to_driver=False, configure_logging=False)\n"
+              "    print('inside', ray.is_initialized())\n"
+              "print('after', ray.is_initialized())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=180, env={**os.environ, "RAY_DISABLE_USAGE_STATS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["inside", "True", "after", "False"]
 
 
 def test_a_finished_run_id_is_not_silently_reused(capsys, tmp_path: Path):
