@@ -82,13 +82,9 @@ def test_more_actors_than_cpus_is_exit_2_and_writes_nothing(capsys, tmp_path: Pa
                             "--rollout-batch-size", "30", "--runs-dir", str(tmp_path)], capsys)
     assert_one_line_error(code, err, "30 cells and 30 engines need", "CPUs")
     assert list(tmp_path.iterdir()) == []
-    assert ray_cluster_is_up(), "a command stopped the Ray it found running"
-
-
-def ray_cluster_is_up() -> bool:
     import ray
 
-    return ray.is_initialized()
+    assert ray.is_initialized(), "a command stopped the Ray it found running"
 
 
 def test_a_command_stops_the_ray_it_started_when_it_is_done():
