@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from actors.optimizer import EagerAdamW
 from actors.policies.hf_policy import HFPolicyConfig, build_hf_policy, hf_config
 from actors.policies.policy import PolicyConfig, PolicyError
 from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell
@@ -97,8 +98,8 @@ class LlamaTrainCell(TrainCell):
         self.model = build_llama_policy(backend, llama, seed).to(self.device).train()
         self._parameters = [p for p in self.model.parameters() if p.requires_grad]
         group = self.optimizer.param_groups[0]
-        self.optimizer = torch.optim.AdamW(self._parameters, lr=group["lr"],
-                                           weight_decay=group["weight_decay"])
+        self.optimizer = EagerAdamW(self._parameters, lr=group["lr"],
+                                    weight_decay=group["weight_decay"])
         self._shape = None
         if backend == "megatron":
             from actors.policies.megatron_llama import LlamaShape

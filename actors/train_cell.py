@@ -54,6 +54,7 @@ from actors.cluster.checkpoint_io import is_readable, read_bytes, to_url, write_
 from actors.cluster.node_info import EngineNodes, node_fields
 from actors.device import autocast, cpu_copy, select_device, torch_dtype
 from actors.gradient_group import GradientGroup
+from actors.optimizer import EagerAdamW
 from actors.grpo import GRPOConfig, build_train_batch, grpo_loss
 from actors.policies.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
 from actors.publishing.records import PublisherRecords
@@ -138,7 +139,7 @@ class TrainCell:
         self.device, self.compute_dtype = select_device(device), torch_dtype(dtype)
         self.model = build_policy(backend, config, seed).to(self.device).train()
         self._parameters = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self._parameters, lr=learning_rate, weight_decay=0.0)
+        self.optimizer = EagerAdamW(self._parameters, lr=learning_rate, weight_decay=0.0)
         self.train_step_count = 0
         self.weight_version = 0  # the last version this cell's weights were committed as
         self._gradients = GradientGroup(cell_id, timedelta(seconds=collective_timeout_s),
