@@ -34,7 +34,9 @@ def _same_parameters(left: torch.nn.Module, right: torch.nn.Module) -> bool:
 
 
 def _same_state(left: dict, right: dict) -> bool:
-    if left["param_groups"] != right["param_groups"] or left["state"].keys() != right["state"].keys():
+    if left["param_groups"] != right["param_groups"]:
+        return False
+    if left["state"].keys() != right["state"].keys():
         return False
     return all(torch.equal(left["state"][k][name], right["state"][k][name])
                for k in left["state"] for name in left["state"][k])
