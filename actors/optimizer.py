@@ -2,10 +2,11 @@
 
 Five methods of ``torch.optim`` (``step``, ``zero_grad``, ``add_param_group``, ``state_dict``,
 ``load_state_dict``) are wrapped so that ``torch.compile`` skips them, and each wrapper imports
-``torch._dynamo`` on its first call: about as much CPU as ``import torch`` itself (1.0-1.6
+``torch._dynamo`` on its first call: about as much CPU as ``import torch`` itself (1.0-1.8
 CPU-s a cell on a 2-core machine), spent before step 1 on cores the start-up already saturates,
-for a compiler the cells never use. :class:`EagerAdamW` calls the undecorated methods (``__wrapped__``, set by
-``functools.wraps``) in eager mode: the same update, bit for bit, and the same state dict.
+for a compiler the cells never use. :class:`EagerAdamW` calls the undecorated methods
+(``__wrapped__``, set by ``functools.wraps``) in eager mode: the same update, bit for bit, and
+the same state dict.
 
 A torch whose methods carry no ``__wrapped__`` gets the decorated ones back: the import
 returns, nothing else changes.
