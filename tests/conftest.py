@@ -106,13 +106,11 @@ def ray_cluster():
     """One local Ray cluster for the whole test session."""
     import ray
 
+    from orchestrator.control.lean_ray import start_local_ray
+
     if not ray.is_initialized():
-        ray.init(
-            address="local",  # a private cluster, whatever `ray start` left on the machine
-            num_cpus=RAY_TEST_CPUS,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
+        # A private cluster, whatever `ray start` left on the machine, started as a job's own.
+        start_local_ray(num_cpus=RAY_TEST_CPUS, include_dashboard=False, log_to_driver=False,
+                        configure_logging=False)
     yield ray
     ray.shutdown()

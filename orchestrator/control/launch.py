@@ -10,7 +10,8 @@ decided ``scheduling_strategy`` to their actor options (a factory of your own ca
 manager goes to the driver's node when it has room (it is lost with the driver anyway).
 
 ``init_ray`` without an address always starts a cluster of its own (``address="local"``),
-whatever ``ray start`` cluster runs, or ran, on the machine; with an address it joins and never
+whatever ``ray start`` cluster runs, or ran, on the machine, without the helpers it does not use
+(:mod:`orchestrator.control.lean_ray`); with an address it joins and never
 passes resources (the cluster has its own). A local cluster counts this machine's GPUs itself
 (Ray's detection): that resource view is what ``--device auto`` and the default GPU shares are
 decided from (:func:`resolve_devices`), and each cell and engine asks for its GPUs
@@ -30,6 +31,7 @@ from typing import Any
 
 from actors.transport import Transport
 from orchestrator.config import RunConfig
+from orchestrator.control.lean_ray import start_local_ray
 from orchestrator.control.placement import devices
 from orchestrator.errors import StartupError
 from orchestrator.control.task_setup import run_task
@@ -104,14 +106,9 @@ def init_ray(config: RunConfig, address: str | None = None) -> None:
     budget = ActorBudget(config.num_cells, config.num_engines)
     if not ray.is_initialized():
         try:
-            if address is None:
-                ray.init(
-                    address="local",  # our own cluster, whatever else runs on the machine
-                    num_cpus=os.cpu_count() or 1,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    configure_logging=False,
-                )
+            if address is None:  # our own cluster, whatever else runs on the machine
+                start_local_ray(num_cpus=os.cpu_count() or 1, include_dashboard=False,
+                                log_to_driver=False, configure_logging=False)
             else:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:

@@ -1,0 +1,109 @@
+"""A job's own Ray cluster starts without the autoscaler monitor and the log monitor
+(:mod:`orchestrator.control.lean_ray`), Ray's parameters are put back afterwards, and a Ray
+without those parameters, or ``RL_LEDGER_FULL_RAY=1``, starts with Ray's defaults."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ray._private import parameter
+
+from orchestrator.control import lean_ray
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Starts a local cluster as ``init_ray`` does, then names the Ray processes the driver spawned
+# (a local head's processes are the driver's children) and checks that actors still run.
+_START_AND_LIST = """
+import json, psutil, ray
+from orchestrator.control.lean_ray import start_local_ray
+
+start_local_ray(num_cpus=1, include_dashboard=False, log_to_driver=False,
+                configure_logging=False)
+
+@ray.remote(num_cpus=0.1)
+class Echo:
+    def echo(self, value):
+        return value
+
+answer = ray.get(Echo.remote().echo.remote(7), timeout=120)
+commands = [" ".join(child.cmdline()) for child in psutil.Process().children()]
+ray.shutdown()
+print(json.dumps({
+    "answer": answer,
+    "gcs": any("gcs_server" in command for command in commands),
+    "raylet": any("raylet" in command for command in commands),
+    "log_monitor": any("log_monitor.py" in command for command in commands),
+    "monitor": any("autoscaler/_private/monitor.py" in command for command in commands),
+}))
+"""
+
+
+def _started_cluster(extra_env: dict[str, str]) -> dict[str, object]:
+    env = {key: value for key, value in os.environ.items() if key != lean_ray.FULL_RAY_ENV}
+    env.update({"RAY_DISABLE_USAGE_STATS": "1", **extra_env})
+    done = subprocess.run([sys.executable, "-c", _START_AND_LIST], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_jobs_cluster_runs_actors_without_the_two_monitors() -> None:
+    lean = _started_cluster({})
+
+    assert lean == {"answer": 7, "gcs": True, "raylet": True, "log_monitor": False,
+                    "monitor": False}
+
+
+def test_full_ray_env_starts_both_monitors() -> None:
+    """Also shows that the lean test above would see the monitors were they running."""
+    full = _started_cluster({lean_ray.FULL_RAY_ENV: "1"})
+
+    assert full == {"answer": 7, "gcs": True, "raylet": True, "log_monitor": True,
+                    "monitor": True}
+
+
+def test_lean_params_sets_both_parameters_and_restores_ray_params() -> None:
+    original = parameter.RayParams
+
+    with lean_ray.lean_params() as lean:
+        params = parameter.RayParams(num_cpus=1)
+    assert lean is True
+    assert (params.no_monitor, params.include_log_monitor) == (True, False)
+    assert isinstance(params, original)
+    assert parameter.RayParams is original
+
+
+def test_lean_params_restores_ray_params_after_an_error() -> None:
+    original = parameter.RayParams
+
+    with pytest.raises(RuntimeError, match="ray.init failed"):
+        with lean_ray.lean_params():
+            raise RuntimeError("ray.init failed")
+    assert parameter.RayParams is original
+
+
+def test_a_ray_whose_params_lack_the_parameters_is_left_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    class OlderRayParams:
+        def __init__(self, num_cpus: int | None = None) -> None:
+            self.num_cpus = num_cpus
+
+    monkeypatch.setattr(parameter, "RayParams", OlderRayParams)
+
+    with lean_ray.lean_params() as lean:
+        assert parameter.RayParams is OlderRayParams
+    assert lean is False
+
+
+def test_full_ray_env_leaves_ray_params_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(lean_ray.FULL_RAY_ENV, "1")
+    original = parameter.RayParams
+
+    with lean_ray.lean_params() as lean:
+        assert parameter.RayParams is original
+    assert lean is False
