@@ -1,18 +1,25 @@
 """Start a job's own local Ray cluster without the helpers the job never uses.
 
-A local head started by ``ray.init`` spawns, besides the GCS and the raylet, Ray's autoscaler
-monitor and its log monitor. A job's own cluster needs neither: it is one machine with nothing
-to scale, and the driver forwards no worker logs (``log_to_driver=False``; the workers' logs
-stay in Ray's session directory). On a 2-core machine the two cost about 0.8 CPU-s while every
-actor imports torch, they are spawned before the raylet, and the autoscaler monitor does not
-exit within the second Ray's shutdown gives it: measured in the README's start-up section.
+A local head started by ``ray.init`` spawns, besides the GCS and the raylet:
 
-``ray.init`` has no parameter for either; Ray's own ``RayParams`` (``no_monitor``,
-``include_log_monitor``, what ``ray start --no-monitor --include-log-monitor=false`` sets)
-does. :func:`lean_params` substitutes a subclass of it with those two set, for one
-``ray.init`` call, and only where this Ray's ``RayParams`` takes both; any other Ray starts
-with its defaults, as does every run with ``RL_LEDGER_FULL_RAY=1`` set (for Ray's own
-tools, ``ray status`` say, against a job's cluster).
+- the autoscaler monitor: a job's own cluster is one machine with nothing to scale;
+- the log monitor: the driver forwards no worker logs (``log_to_driver=False``; the workers'
+  logs stay in Ray's session directory);
+- with ``include_dashboard=False``, an API server that loads only Ray's usage-stats module
+  (Ray's own comment there says the job and state APIs are not loaded either), which the job
+  disables (``RAY_DISABLE_USAGE_STATS``), and whose address ``ray.init`` waits for.
+
+On a 2-core machine they cost CPU while every actor imports torch, ``ray.init`` waits on
+them, and the autoscaler monitor does not exit within the second Ray's shutdown gives it: the
+README's start-up section has the measurements.
+
+``ray.init`` has no parameter for any of them. Ray's own ``RayParams`` has ``no_monitor`` and
+``include_log_monitor`` (what ``ray start --no-monitor --include-log-monitor=false`` sets), and
+a head ``Node`` whose API server does not start carries on without one, as after a failed
+dashboard start. :func:`lean_head` substitutes both, for one ``ray.init`` call, and each only
+where this Ray has it with the expected signature; any other Ray, and every run with
+``RL_LEDGER_FULL_RAY=1`` set (for Ray's own tools against a job's cluster), starts with Ray's
+defaults.
 """
 
 from __future__ import annotations
@@ -20,63 +27,90 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import ModuleType
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
-__all__ = ["FULL_RAY_ENV", "LEAN_PARAMS", "lean_params", "start_local_ray"]
+__all__ = ["FULL_RAY_ENV", "LEAN_PARAMS", "lean_head", "start_local_ray"]
 
 logger = logging.getLogger(__name__)
 
 FULL_RAY_ENV = "RL_LEDGER_FULL_RAY"
 # RayParams' own names: the autoscaler monitor off, the log monitor off.
 LEAN_PARAMS: dict[str, bool] = {"no_monitor": True, "include_log_monitor": False}
+MONITORS = ("autoscaler monitor", "log monitor")
+API_SERVER = "API server"
 
 
-def _params_module() -> ModuleType | None:
+def _takes(function: Any, names: Any) -> bool:
     try:
-        from ray._private import parameter
-    except ImportError:
-        return None
-    return parameter
-
-
-def _takes_lean_params(params_class: Any) -> bool:
-    try:
-        names = inspect.signature(params_class.__init__).parameters
+        parameters = inspect.signature(function).parameters
     except (TypeError, ValueError):
         return False
-    return all(name in names for name in LEAN_PARAMS)
+    return all(name in parameters for name in names)
 
 
 @contextmanager
-def lean_params() -> Iterator[bool]:
-    """Within the block, a local head that ``ray.init`` starts has no autoscaler monitor and
-    no log monitor; yields whether that applies (False: this Ray's ``RayParams`` lacks the
-    parameters, or ``RL_LEDGER_FULL_RAY`` is set, and Ray starts as it would anyway).
-    ``RayParams`` is restored on leaving, also on an error."""
-    module = _params_module()
-    original = getattr(module, "RayParams", None)
-    if os.environ.get(FULL_RAY_ENV) or original is None or not _takes_lean_params(original):
-        yield False
-        return
+def _substituted(owner: Any, name: str, replacement: Any) -> Iterator[None]:
+    original = getattr(owner, name)
+    setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
 
-    class LeanRayParams(original):  # type: ignore[misc,valid-type]
+
+def _lean_params_class(params_class: type) -> type:
+    class LeanRayParams(params_class):  # type: ignore[misc,valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **{**kwargs, **LEAN_PARAMS})
 
-    module.RayParams = LeanRayParams  # type: ignore[union-attr]
+    return LeanRayParams
+
+
+def _without_dashboard_api_server(start_api_server: Callable[..., None]) -> Callable[..., None]:
+    def start_api_server_if_dashboard(self: Any, *, include_dashboard: bool | None,
+                                      **options: Any) -> None:
+        if include_dashboard is False:
+            return  # the head's web UI address stays None, as Ray leaves it without one
+        start_api_server(self, include_dashboard=include_dashboard, **options)
+
+    return start_api_server_if_dashboard
+
+
+@contextmanager
+def lean_head() -> Iterator[tuple[str, ...]]:
+    """Within the block, a local head that ``ray.init`` starts leaves out the autoscaler
+    monitor, the log monitor and (with ``include_dashboard=False``) the API server; yields the
+    names of those it leaves out: none where this Ray lacks the parameters, or where
+    ``RL_LEDGER_FULL_RAY`` is set. Ray's classes are restored on leaving, also on an error."""
+    if os.environ.get(FULL_RAY_ENV):
+        yield ()
+        return
     try:
-        yield True
-    finally:
-        module.RayParams = original  # type: ignore[union-attr]
+        from ray._private import node, parameter
+    except ImportError:
+        yield ()
+        return
+    left_out: list[str] = []
+    with ExitStack() as stack:
+        params_class = getattr(parameter, "RayParams", None)
+        if params_class is not None and _takes(params_class.__init__, LEAN_PARAMS):
+            stack.enter_context(_substituted(parameter, "RayParams",
+                                             _lean_params_class(params_class)))
+            left_out += MONITORS
+        start_api_server = getattr(getattr(node, "Node", None), "start_api_server", None)
+        if start_api_server is not None and _takes(start_api_server, ["include_dashboard"]):
+            stack.enter_context(_substituted(node.Node, "start_api_server",
+                                             _without_dashboard_api_server(start_api_server)))
+            left_out.append(API_SERVER)
+        yield tuple(left_out)
 
 
 def start_local_ray(**init_options: Any) -> None:
-    """``ray.init(address="local", **init_options)``, inside :func:`lean_params`."""
+    """``ray.init(address="local", **init_options)``, inside :func:`lean_head`."""
     import ray
 
-    with lean_params() as lean:
+    with lean_head() as left_out:
         ray.init(address="local", **init_options)
-    logger.debug("local Ray cluster started %s", "lean" if lean else "with Ray's defaults")
+    logger.debug("local Ray cluster started without: %s", ", ".join(left_out) or "nothing")

@@ -1,6 +1,6 @@
-"""A job's own Ray cluster starts without the autoscaler monitor and the log monitor
-(:mod:`orchestrator.control.lean_ray`), Ray's parameters are put back afterwards, and a Ray
-without those parameters, or ``RL_LEDGER_FULL_RAY=1``, starts with Ray's defaults."""
+"""A job's own Ray cluster starts without the autoscaler monitor, the log monitor and the API
+server (:mod:`orchestrator.control.lean_ray`), Ray's classes are put back afterwards, and a Ray
+without the parameters, or ``RL_LEDGER_FULL_RAY=1``, starts with Ray's defaults."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ray._private import parameter
+from ray._private import node, parameter
 
 from orchestrator.control import lean_ray
 
@@ -40,6 +40,7 @@ print(json.dumps({
     "raylet": any("raylet" in command for command in commands),
     "log_monitor": any("log_monitor.py" in command for command in commands),
     "monitor": any("autoscaler/_private/monitor.py" in command for command in commands),
+    "api_server": any("dashboard/dashboard.py" in command for command in commands),
 }))
 """
 
@@ -52,58 +53,81 @@ def _started_cluster(extra_env: dict[str, str]) -> dict[str, object]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_a_jobs_cluster_runs_actors_without_the_two_monitors() -> None:
+def test_a_jobs_cluster_runs_actors_without_the_monitors_and_the_api_server() -> None:
     lean = _started_cluster({})
 
     assert lean == {"answer": 7, "gcs": True, "raylet": True, "log_monitor": False,
-                    "monitor": False}
+                    "monitor": False, "api_server": False}
 
 
-def test_full_ray_env_starts_both_monitors() -> None:
-    """Also shows that the lean test above would see the monitors were they running."""
+def test_full_ray_env_starts_all_of_rays_helpers() -> None:
+    """Also shows that the lean test above would see the helpers were they running."""
     full = _started_cluster({lean_ray.FULL_RAY_ENV: "1"})
 
     assert full == {"answer": 7, "gcs": True, "raylet": True, "log_monitor": True,
-                    "monitor": True}
+                    "monitor": True, "api_server": True}
 
 
-def test_lean_params_sets_both_parameters_and_restores_ray_params() -> None:
-    original = parameter.RayParams
+def test_lean_head_sets_both_parameters_and_restores_rays_classes() -> None:
+    params_class, start_api_server = parameter.RayParams, node.Node.start_api_server
 
-    with lean_ray.lean_params() as lean:
+    with lean_ray.lean_head() as left_out:
         params = parameter.RayParams(num_cpus=1)
-    assert lean is True
+        assert node.Node.start_api_server is not start_api_server
+    assert left_out == ("autoscaler monitor", "log monitor", "API server")
     assert (params.no_monitor, params.include_log_monitor) == (True, False)
-    assert isinstance(params, original)
-    assert parameter.RayParams is original
+    assert isinstance(params, params_class)
+    assert (parameter.RayParams, node.Node.start_api_server) == (params_class, start_api_server)
 
 
-def test_lean_params_restores_ray_params_after_an_error() -> None:
-    original = parameter.RayParams
+def test_the_api_server_starts_where_the_dashboard_is_asked_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[bool | None] = []
+
+    def start_api_server(self: object, *, include_dashboard: bool | None,
+                         raise_on_failure: bool) -> None:
+        started.append(include_dashboard)
+
+    monkeypatch.setattr(node.Node, "start_api_server", start_api_server)
+
+    with lean_ray.lean_head():
+        for include_dashboard in (False, None, True):
+            node.Node.start_api_server(object(), include_dashboard=include_dashboard,
+                                       raise_on_failure=False)
+    assert started == [None, True]
+
+
+def test_lean_head_restores_rays_classes_after_an_error() -> None:
+    params_class, start_api_server = parameter.RayParams, node.Node.start_api_server
 
     with pytest.raises(RuntimeError, match="ray.init failed"):
-        with lean_ray.lean_params():
+        with lean_ray.lean_head():
             raise RuntimeError("ray.init failed")
-    assert parameter.RayParams is original
+    assert (parameter.RayParams, node.Node.start_api_server) == (params_class, start_api_server)
 
 
-def test_a_ray_whose_params_lack_the_parameters_is_left_alone(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_ray_without_the_parameters_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     class OlderRayParams:
         def __init__(self, num_cpus: int | None = None) -> None:
             self.num_cpus = num_cpus
 
+    def start_api_server(self: object, include: bool) -> None:
+        """A signature without ``include_dashboard``."""
+
     monkeypatch.setattr(parameter, "RayParams", OlderRayParams)
+    monkeypatch.setattr(node.Node, "start_api_server", start_api_server)
 
-    with lean_ray.lean_params() as lean:
+    with lean_ray.lean_head() as left_out:
         assert parameter.RayParams is OlderRayParams
-    assert lean is False
+        assert node.Node.start_api_server is start_api_server
+    assert left_out == ()
 
 
-def test_full_ray_env_leaves_ray_params_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_full_ray_env_leaves_rays_classes_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(lean_ray.FULL_RAY_ENV, "1")
-    original = parameter.RayParams
+    params_class, start_api_server = parameter.RayParams, node.Node.start_api_server
 
-    with lean_ray.lean_params() as lean:
-        assert parameter.RayParams is original
-    assert lean is False
+    with lean_ray.lean_head() as left_out:
+        assert (parameter.RayParams, node.Node.start_api_server) == (params_class,
+                                                                      start_api_server)
+    assert left_out == ()
