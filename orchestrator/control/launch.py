@@ -31,7 +31,7 @@ from typing import Any
 
 from actors.transport import Transport
 from orchestrator.config import RunConfig
-from orchestrator.control.lean_ray import start_local_ray
+from orchestrator.control.lean_ray import FULL_RAY_ENV, start_local_ray
 from orchestrator.control.placement import devices
 from orchestrator.errors import StartupError
 from orchestrator.control.task_setup import run_task
@@ -98,7 +98,7 @@ def init_ray(config: RunConfig, address: str | None = None) -> None:
 
     Raises:
         StartupError: the cluster has fewer CPUs than the run's actors need, or cannot be
-            reached.
+            started or reached.
     """
     import ray
 
@@ -112,6 +112,9 @@ def init_ray(config: RunConfig, address: str | None = None) -> None:
             else:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
+            if address is None:
+                raise StartupError(f"cannot start a local Ray cluster: {exc} ({FULL_RAY_ENV}=1 "
+                                   "starts it with all of Ray's helpers)") from None
             raise StartupError(f"cannot join the Ray cluster at {address}: {exc}") from None
     _check_budget(budget, float(ray.cluster_resources().get("CPU", 0.0)))
 

@@ -18,8 +18,8 @@ README's start-up section has the measurements.
 a head ``Node`` whose API server does not start carries on without one, as after a failed
 dashboard start. :func:`lean_head` substitutes both, for one ``ray.init`` call, and each only
 where this Ray has it with the expected signature; any other Ray, and every run with
-``RL_LEDGER_FULL_RAY=1`` set (for Ray's own tools against a job's cluster), starts with Ray's
-defaults.
+``RL_LEDGER_FULL_RAY=1`` (or ``true``, ``yes``; for Ray's own tools against a job's cluster),
+starts with Ray's defaults.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-__all__ = ["FULL_RAY_ENV", "LEAN_PARAMS", "lean_head", "start_local_ray"]
+__all__ = ["FULL_RAY_ENV", "LEAN_PARAMS", "full_ray_asked", "lean_head", "start_local_ray"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,13 +78,19 @@ def _without_dashboard_api_server(start_api_server: Callable[..., None]) -> Call
     return start_api_server_if_dashboard
 
 
+def full_ray_asked() -> bool:
+    """Whether ``RL_LEDGER_FULL_RAY`` asks for Ray's defaults (``1``, ``true`` or ``yes``)."""
+    return os.environ.get(FULL_RAY_ENV, "").strip().lower() in {"1", "true", "yes"}
+
+
 @contextmanager
 def lean_head() -> Iterator[tuple[str, ...]]:
     """Within the block, a local head that ``ray.init`` starts leaves out the autoscaler
     monitor, the log monitor and (with ``include_dashboard=False``) the API server; yields the
     names of those it leaves out: none where this Ray lacks the parameters, or where
-    ``RL_LEDGER_FULL_RAY`` is set. Ray's classes are restored on leaving, also on an error."""
-    if os.environ.get(FULL_RAY_ENV):
+    ``RL_LEDGER_FULL_RAY`` asks for Ray's defaults (:func:`full_ray_asked`). Ray's classes are
+    restored on leaving, also on an error."""
+    if full_ray_asked():
         yield ()
         return
     try:

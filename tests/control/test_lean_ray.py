@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 from ray._private import node, parameter
 
-from orchestrator.control import lean_ray
+from orchestrator.config import RunConfig
+from orchestrator.control import launch, lean_ray
+from orchestrator.errors import StartupError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,3 +133,28 @@ def test_full_ray_env_leaves_rays_classes_alone(monkeypatch: pytest.MonkeyPatch)
         assert (parameter.RayParams, node.Node.start_api_server) == (params_class,
                                                                       start_api_server)
     assert left_out == ()
+
+
+@pytest.mark.parametrize(("value", "asked"), [("1", True), ("true", True), ("Yes", True),
+                                               ("0", False), ("false", False), ("", False)])
+def test_full_ray_is_asked_for_only_by_a_yes(monkeypatch: pytest.MonkeyPatch, value: str,
+                                             asked: bool) -> None:
+    monkeypatch.setenv(lean_ray.FULL_RAY_ENV, value)
+
+    assert lean_ray.full_ray_asked() is asked
+
+
+def test_a_local_cluster_that_cannot_start_is_one_startup_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    def cannot_start(**options: object) -> None:
+        raise RuntimeError("the raylet did not register")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(launch, "start_local_ray", cannot_start)
+
+    with pytest.raises(StartupError) as raised:
+        launch.init_ray(RunConfig())
+    assert str(raised.value) == ("cannot start a local Ray cluster: the raylet did not register "
+                                 "(RL_LEDGER_FULL_RAY=1 starts it with all of Ray's helpers)")
