@@ -110,7 +110,6 @@ def ray_cluster():
 
     if not ray.is_initialized():
         # A private cluster, whatever `ray start` left on the machine, started as a job's own.
-        start_local_ray(num_cpus=RAY_TEST_CPUS, include_dashboard=False, log_to_driver=False,
-                        configure_logging=False)
+        start_local_ray(num_cpus=RAY_TEST_CPUS)
     yield ray
     ray.shutdown()

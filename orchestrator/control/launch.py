@@ -107,8 +107,7 @@ def init_ray(config: RunConfig, address: str | None = None) -> None:
     if not ray.is_initialized():
         try:
             if address is None:  # our own cluster, whatever else runs on the machine
-                start_local_ray(num_cpus=os.cpu_count() or 1, include_dashboard=False,
-                                log_to_driver=False, configure_logging=False)
+                start_local_ray(num_cpus=os.cpu_count() or 1)
             else:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -42,7 +42,7 @@ MONITORS = ("autoscaler monitor", "log monitor")
 API_SERVER = "API server"
 
 
-def _takes(function: Any, names: Any) -> bool:
+def _takes(function: Any, names: Iterable[str]) -> bool:
     try:
         parameters = inspect.signature(function).parameters
     except (TypeError, ValueError):
@@ -113,10 +113,13 @@ def lean_head() -> Iterator[tuple[str, ...]]:
         yield tuple(left_out)
 
 
-def start_local_ray(**init_options: Any) -> None:
-    """``ray.init(address="local", **init_options)``, inside :func:`lean_head`."""
+def start_local_ray(num_cpus: int) -> None:
+    """Start a private local cluster of ``num_cpus`` CPUs, whatever ``ray start`` cluster runs
+    or ran on the machine, as a job's own: no dashboard, no worker logs forwarded to the
+    driver, Ray's logging left alone, inside :func:`lean_head`."""
     import ray
 
     with lean_head() as left_out:
-        ray.init(address="local", **init_options)
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
     logger.debug("local Ray cluster started without: %s", ", ".join(left_out) or "nothing")

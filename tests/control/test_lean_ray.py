@@ -25,8 +25,7 @@ _START_AND_LIST = """
 import json, psutil, ray
 from orchestrator.control.lean_ray import start_local_ray
 
-start_local_ray(num_cpus=1, include_dashboard=False, log_to_driver=False,
-                configure_logging=False)
+start_local_ray(num_cpus=1)
 
 @ray.remote(num_cpus=0.1)
 class Echo:
@@ -148,7 +147,7 @@ def test_a_local_cluster_that_cannot_start_is_one_startup_error(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import ray
 
-    def cannot_start(**options: object) -> None:
+    def cannot_start(num_cpus: int) -> None:
         raise RuntimeError("the raylet did not register")
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
