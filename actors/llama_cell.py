@@ -32,6 +32,7 @@ from torch import nn
 from actors.optimizer import EagerAdamW
 from actors.policies.hf_policy import HFPolicyConfig, build_hf_policy, hf_config
 from actors.policies.policy import PolicyConfig, PolicyError
+from actors.startup_gc import settles_heap
 from actors.train_cell import TRAIN_CELL_ACTOR_OPTIONS, TrainCell
 
 __all__ = ["LLAMA_BACKENDS", "LlamaTrainCell", "build_llama_policy"]
@@ -75,6 +76,7 @@ _STUB_SIZES = {"vocab_size": 2, "num_layers": 1, "hidden_size": 4, "num_attentio
 class LlamaTrainCell(TrainCell):
     """A :class:`TrainCell` over a Llama checkpoint (``backend`` "hf" or "megatron")."""
 
+    @settles_heap
     def __init__(self, cell_id: str, backend: str, policy: HFPolicyConfig | dict[str, Any],
                  seed: int = 0, transport: str = "full", learning_rate: float = 3e-3,
                  **cell_options: Any) -> None:

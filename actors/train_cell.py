@@ -58,6 +58,7 @@ from actors.optimizer import EagerAdamW
 from actors.grpo import GRPOConfig, build_train_batch, grpo_loss
 from actors.policies.policy import PolicyConfig, build_policy, load_tensors, tensor_state_dict
 from actors.publishing.records import PublisherRecords
+from actors.startup_gc import settles_heap
 from actors.task import TOKENIZER
 from actors.transport import Transport, WeightSwap, is_lora_tensor
 from actors.weight_paths import OBJECT_STORE, EngineDevices, local_device_info, select_weight_path
@@ -94,6 +95,7 @@ class TrainCell:
     Not thread-safe: the actor runs one call at a time (``max_concurrency=1``).
     """
 
+    @settles_heap
     def __init__(
         self,
         cell_id: str,

@@ -31,6 +31,7 @@ from actors.engines.group_batches import GroupBatches
 from actors.engines.sampling import Decoding, SamplingParams, build_samples
 from actors.engines.scoring import load_task
 from actors.errors import EngineStateError
+from actors.startup_gc import settles_heap
 from actors.task import AdditionTask
 from actors.transport import Transport
 from orchestrator.rollout.types import GroupRequest, Prompt, Sample
@@ -45,8 +46,7 @@ __all__ = ["ROLLOUT_ENGINE_ACTOR_OPTIONS", "RolloutEngine", "SamplingParams"]
 
 CONTROL = "control"
 ROLLOUT_ENGINE_ACTOR_OPTIONS: dict[str, Any] = {
-    "num_cpus": 0.5,
-    "max_concurrency": 16,  # concurrent generate calls
+    "num_cpus": 0.5, "max_concurrency": 16,  # max_concurrency: concurrent generate calls
     "concurrency_groups": {CONTROL: 4},
 }
 
@@ -57,6 +57,7 @@ class RolloutEngine:
     Thread-safe: ``generate`` may run in many threads while control methods arrive.
     """
 
+    @settles_heap
     def __init__(
         self,
         engine_id: str,
@@ -67,8 +68,7 @@ class RolloutEngine:
         sampling: SamplingParams | dict[str, Any] | None = None,
         paused_wait_timeout_s: float = 60.0,
         partial_rollout: bool = False,
-        device: str = "cpu",
-        dtype: str = "float32",
+        device: str = "cpu", dtype: str = "float32",
     ) -> None:
         """Build the engine's policy from ``(backend, policy_config, seed)``: the trainer must
         use the same triple so version 0 means the same weights everywhere. It is held on

@@ -29,6 +29,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from actors.startup_gc import settle_after_start
 from actors.transport import Transport
 from orchestrator.config import RunConfig
 from orchestrator.control.lean_ray import FULL_RAY_ENV, start_local_ray
@@ -326,10 +327,12 @@ def create_rollout_manager(config: RunConfig, ledger_url: str, run_id: str,
                                                  soft=True)
     options = {"num_cpus": MANAGER_CPUS,
                "scheduling_strategy": scheduling_strategy or driver_node}
-    return ray.remote(**options)(RolloutManager).remote(
+    manager = ray.remote(**options)(RolloutManager).remote(
         ledger_url, run_id, config, make_prompt,
         RayEnginePool(engines, max_groups_per_call=config.engine_call_max_groups),
     )
+    settle_after_start(manager)  # the rollout path may not import actors.startup_gc
+    return manager
 
 
 def _make_prompt(seed: int, index: int):

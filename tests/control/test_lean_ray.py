@@ -1,6 +1,7 @@
 """A job's own Ray cluster starts without the autoscaler monitor, the log monitor and the API
-server (:mod:`orchestrator.control.lean_ray`), Ray's classes are put back afterwards, and a Ray
-without the parameters, or ``RL_LEDGER_FULL_RAY=1``, starts with Ray's defaults."""
+server, with its workers' collection held (:mod:`orchestrator.control.lean_ray`), Ray's classes
+and the driver's environment are put back afterwards, and a Ray without the parameters, or
+``RL_LEDGER_FULL_RAY=1``, starts with Ray's defaults."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Starts a local cluster as ``init_ray`` does, then names the Ray processes the driver spawned
 # (a local head's processes are the driver's children) and checks that actors still run.
 _START_AND_LIST = """
-import json, psutil, ray
+import gc, json, os, psutil, ray
 from orchestrator.control.lean_ray import start_local_ray
 
 start_local_ray(num_cpus=1)
@@ -30,9 +31,9 @@ start_local_ray(num_cpus=1)
 @ray.remote(num_cpus=0.1)
 class Echo:
     def echo(self, value):
-        return value
+        return value, gc.isenabled()
 
-answer = ray.get(Echo.remote().echo.remote(7), timeout=120)
+answer, worker_collects = ray.get(Echo.remote().echo.remote(7), timeout=120)
 commands = [" ".join(child.cmdline()) for child in psutil.Process().children()]
 ray.shutdown()
 print(json.dumps({
@@ -42,6 +43,8 @@ print(json.dumps({
     "log_monitor": any("log_monitor.py" in command for command in commands),
     "monitor": any("autoscaler/_private/monitor.py" in command for command in commands),
     "api_server": any("dashboard/dashboard.py" in command for command in commands),
+    "worker_collects": worker_collects,  # an actor of no project class: never settled
+    "driver_hook_env": any("SETUP_HOOK" in name for name in os.environ),
 }))
 """
 
@@ -58,7 +61,8 @@ def test_a_jobs_cluster_runs_actors_without_the_monitors_and_the_api_server() ->
     lean = _started_cluster({})
 
     assert lean == {"answer": 7, "gcs": True, "raylet": True, "log_monitor": False,
-                    "monitor": False, "api_server": False}
+                    "monitor": False, "api_server": False, "worker_collects": False,
+                    "driver_hook_env": False}
 
 
 def test_full_ray_env_starts_all_of_rays_helpers() -> None:
@@ -66,7 +70,8 @@ def test_full_ray_env_starts_all_of_rays_helpers() -> None:
     full = _started_cluster({lean_ray.FULL_RAY_ENV: "1"})
 
     assert full == {"answer": 7, "gcs": True, "raylet": True, "log_monitor": True,
-                    "monitor": True, "api_server": True}
+                    "monitor": True, "api_server": True, "worker_collects": True,
+                    "driver_hook_env": False}
 
 
 def test_lean_head_sets_both_parameters_and_restores_rays_classes() -> None:
@@ -132,6 +137,43 @@ def test_full_ray_env_leaves_rays_classes_alone(monkeypatch: pytest.MonkeyPatch)
         assert (parameter.RayParams, node.Node.start_api_server) == (params_class,
                                                                       start_api_server)
     assert left_out == ()
+
+
+def test_workers_hold_collection_names_the_hook_only_within_the_block() -> None:
+    name = lean_ray._setup_hook_variable()
+    assert name is not None and name not in os.environ
+
+    with pytest.raises(RuntimeError, match="ray.init failed"):
+        with lean_ray.workers_hold_collection() as held:
+            assert held and os.environ[name] == "actors.startup_gc.hold_collection"
+            raise RuntimeError("ray.init failed")
+    assert name not in os.environ
+
+
+def test_a_hook_already_named_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = lean_ray._setup_hook_variable()
+    assert name is not None
+    monkeypatch.setenv(name, "their.own_hook")
+
+    with lean_ray.workers_hold_collection() as held:
+        assert os.environ[name] == "their.own_hook"
+    assert not held and os.environ[name] == "their.own_hook"
+
+
+@pytest.mark.parametrize("cause", ["full Ray asked", "a Ray without the variable"])
+def test_no_hook_with_full_ray_or_a_ray_without_the_variable(
+        monkeypatch: pytest.MonkeyPatch, cause: str) -> None:
+    from ray._private import ray_constants
+
+    name = lean_ray._setup_hook_variable()
+    if cause == "full Ray asked":
+        monkeypatch.setenv(lean_ray.FULL_RAY_ENV, "1")
+    else:
+        monkeypatch.delattr(ray_constants, "WORKER_PROCESS_SETUP_HOOK_ENV_VAR")
+
+    with lean_ray.workers_hold_collection() as held:
+        assert name not in os.environ
+    assert not held
 
 
 @pytest.mark.parametrize(("value", "asked"), [("1", True), ("true", True), ("Yes", True),

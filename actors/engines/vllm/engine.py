@@ -52,6 +52,7 @@ from actors.engines.vllm.args import (
 )
 from actors.engines.vllm.serving import VLLMServing
 from actors.errors import EngineStateError, PolicyError
+from actors.startup_gc import freeze_heap, settles_heap
 from actors.task import AdditionTask
 from orchestrator.rollout.types import GroupRequest, Prompt, Sample
 
@@ -76,6 +77,7 @@ class VLLMEngine:
     ``state.lock``.
     """
 
+    @settles_heap
     def __init__(
         self,
         engine_id: str,
@@ -121,6 +123,7 @@ class VLLMEngine:
         arguments = engine_arguments(self.policy.model_dir, seed, self.max_model_len,
                                      kv_cache_bytes, device, dtype, gpu_memory_utilization)
         started = time.monotonic()
+        freeze_heap()  # vLLM's own collections then scan only what it builds
         self._llm = start_vllm(**arguments)
         self.startup_s = time.monotonic() - started
         self.state = EngineState(engine_id, VLLM_ENGINE_ACTOR_OPTIONS["max_concurrency"])
