@@ -16,8 +16,17 @@ README's start-up section has the measurements.
 ``ray.init`` has no parameter for any of them. Ray's own ``RayParams`` has ``no_monitor`` and
 ``include_log_monitor`` (what ``ray start --no-monitor --include-log-monitor=false`` sets), and
 a head ``Node`` whose API server does not start carries on without one, as after a failed
-dashboard start. :func:`lean_head` substitutes both, for one ``ray.init`` call, and each only
-where this Ray has it with the expected signature; any other Ray, and every run with
+dashboard start.
+
+Then ``ray.init`` waits for the new raylet to register with the GCS through Ray's
+``services.get_node``, which asks the GCS and, while the node is not there, sleeps a whole
+second before asking again. The raylet registers 0.7-1.6 s after it is spawned here, so the
+wait ended at 1.1 s or 2.1 s. Within the block, ``get_node`` first asks the GCS's node table
+every 20 ms until the node is there (at most Ray's own 30 s), then calls Ray's, which then
+answers at its first ask; any error on the way leaves the wait to Ray's.
+
+:func:`lean_head` substitutes all three, for one ``ray.init`` call, and each only where this
+Ray has it with the expected signature; any other Ray, and every run with
 ``RL_LEDGER_FULL_RAY=1`` (or ``true``, ``yes``; for Ray's own tools against a job's cluster),
 starts with Ray's defaults.
 
@@ -36,6 +45,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -52,6 +62,9 @@ FULL_RAY_ENV = "RL_LEDGER_FULL_RAY"
 LEAN_PARAMS: dict[str, bool] = {"no_monitor": True, "include_log_monitor": False}
 MONITORS = ("autoscaler monitor", "log monitor")
 API_SERVER = "API server"
+SLOW_POLL = "1 s registration poll"
+REGISTRATION_POLL_S = 0.02
+REGISTRATION_WAIT_S = 30.0  # Ray's own bound on the wait (raylet_start_wait_time_s)
 
 
 def _takes(function: Any, names: Iterable[str]) -> bool:
@@ -90,6 +103,41 @@ def _without_dashboard_api_server(start_api_server: Callable[..., None]) -> Call
     return start_api_server_if_dashboard
 
 
+def _node_registered(gcs_address: str, node_id: str, services: Any, state: Any) -> None:
+    """Return once the GCS's node table lists ``node_id`` alive, or after
+    :data:`REGISTRATION_WAIT_S` (Ray's own wait says what went wrong then)."""
+    global_state = state.GlobalState()
+    global_state._initialize_global_state(services._get_gcs_client_options(gcs_address))
+    try:
+        deadline = time.monotonic() + REGISTRATION_WAIT_S
+        while time.monotonic() < deadline:
+            if any(node.get("NodeID") == node_id and node.get("Alive")
+                   for node in global_state.node_table()):
+                return
+            time.sleep(REGISTRATION_POLL_S)
+    finally:
+        global_state.disconnect()
+
+
+def _promptly_registered(get_node: Callable[[str, str], Any], services: Any,
+                         state: Any) -> Callable[[str, str], Any]:
+    def get_node_once_registered(gcs_address: str, node_id: str) -> Any:
+        try:
+            _node_registered(gcs_address, node_id, services, state)
+        except Exception:  # noqa: BLE001 - Ray's own wait below raises what matters
+            logger.debug("the fine registration poll failed; Ray's own waits", exc_info=True)
+        return get_node(gcs_address, node_id)
+
+    return get_node_once_registered
+
+
+def _has_node_table(services: Any, state: Any) -> bool:
+    global_state = getattr(state, "GlobalState", None)
+    return (callable(getattr(services, "_get_gcs_client_options", None))
+            and all(callable(getattr(global_state, name, None))
+                    for name in ("_initialize_global_state", "node_table", "disconnect")))
+
+
 def full_ray_asked() -> bool:
     """Whether ``RL_LEDGER_FULL_RAY`` asks for Ray's defaults (``1``, ``true`` or ``yes``)."""
     return os.environ.get(FULL_RAY_ENV, "").strip().lower() in {"1", "true", "yes"}
@@ -98,15 +146,16 @@ def full_ray_asked() -> bool:
 @contextmanager
 def lean_head() -> Iterator[tuple[str, ...]]:
     """Within the block, a local head that ``ray.init`` starts leaves out the autoscaler
-    monitor, the log monitor and (with ``include_dashboard=False``) the API server; yields the
-    names of those it leaves out: none where this Ray lacks the parameters, or where
-    ``RL_LEDGER_FULL_RAY`` asks for Ray's defaults (:func:`full_ray_asked`). Ray's classes are
-    restored on leaving, also on an error."""
+    monitor, the log monitor, (with ``include_dashboard=False``) the API server and the 1 s
+    poll for the raylet's registration; yields the names of those it leaves out: none where
+    this Ray lacks the parameters, or where ``RL_LEDGER_FULL_RAY`` asks for Ray's defaults
+    (:func:`full_ray_asked`). Ray's classes and functions are restored on leaving, also on an
+    error."""
     if full_ray_asked():
         yield ()
         return
     try:
-        from ray._private import node, parameter
+        from ray._private import node, parameter, services, state
     except ImportError:
         yield ()
         return
@@ -122,6 +171,12 @@ def lean_head() -> Iterator[tuple[str, ...]]:
             stack.enter_context(_substituted(node.Node, "start_api_server",
                                              _without_dashboard_api_server(start_api_server)))
             left_out.append(API_SERVER)
+        get_node = getattr(services, "get_node", None)
+        if (get_node is not None and _takes(get_node, ["gcs_address", "node_id"])
+                and _has_node_table(services, state)):
+            stack.enter_context(_substituted(services, "get_node",
+                                             _promptly_registered(get_node, services, state)))
+            left_out.append(SLOW_POLL)
         yield tuple(left_out)
 
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ray._private import node, parameter
+from ray._private import node, parameter, services
 
 from orchestrator.config import RunConfig
 from orchestrator.control import launch, lean_ray
@@ -76,14 +76,64 @@ def test_full_ray_env_starts_all_of_rays_helpers() -> None:
 
 def test_lean_head_sets_both_parameters_and_restores_rays_classes() -> None:
     params_class, start_api_server = parameter.RayParams, node.Node.start_api_server
+    get_node = services.get_node
 
     with lean_ray.lean_head() as left_out:
         params = parameter.RayParams(num_cpus=1)
         assert node.Node.start_api_server is not start_api_server
-    assert left_out == ("autoscaler monitor", "log monitor", "API server")
+        assert services.get_node is not get_node
+    assert left_out == ("autoscaler monitor", "log monitor", "API server",
+                        "1 s registration poll")
     assert (params.no_monitor, params.include_log_monitor) == (True, False)
     assert isinstance(params, params_class)
     assert (parameter.RayParams, node.Node.start_api_server) == (params_class, start_api_server)
+    assert services.get_node is get_node
+
+
+class _NodeTable:
+    """Stands in for Ray's GCS node table (Ray's internals, not this project's): the node
+    appears alive at the ``appears_at``-th read; ``fails`` raises at the first."""
+
+    def __init__(self, appears_at: int, fails: bool = False) -> None:
+        self.appears_at, self.fails = appears_at, fails
+        self.reads, self.disconnected = 0, False
+
+    def GlobalState(self) -> "_NodeTable":  # noqa: N802 - Ray's name
+        return self
+
+    def _initialize_global_state(self, options: object) -> None:
+        assert options == "options for gcs:1"
+
+    def node_table(self) -> list[dict[str, object]]:
+        self.reads += 1
+        if self.fails:
+            raise RuntimeError("the GCS is not answering yet")
+        alive = self.reads >= self.appears_at
+        return [{"NodeID": "other", "Alive": True}, {"NodeID": "abc", "Alive": alive}]
+
+    def disconnect(self) -> None:
+        self.disconnected = True
+
+    @staticmethod
+    def _get_gcs_client_options(address: str) -> str:
+        return f"options for {address}"
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_registration_is_polled_finely_then_left_to_rays_own_ask(fails: bool) -> None:
+    table = _NodeTable(appears_at=3, fails=fails)
+    asked: list[tuple[str, str, int]] = []
+
+    def rays_get_node(gcs_address: str, node_id: str) -> dict[str, str]:
+        asked.append((gcs_address, node_id, table.reads))
+        return {"node_id": node_id}
+
+    get_node = lean_ray._promptly_registered(rays_get_node, table, table)
+
+    assert get_node("gcs:1", "abc") == {"node_id": "abc"}
+    # Registered at the 3rd read, then Ray's own ask; a failing table leaves it to Ray's.
+    assert asked == [("gcs:1", "abc", 1 if fails else 3)]
+    assert table.disconnected
 
 
 def test_the_api_server_starts_where_the_dashboard_is_asked_for(
@@ -106,10 +156,13 @@ def test_the_api_server_starts_where_the_dashboard_is_asked_for(
 def test_lean_head_restores_rays_classes_after_an_error() -> None:
     params_class, start_api_server = parameter.RayParams, node.Node.start_api_server
 
+    get_node = services.get_node
+
     with pytest.raises(RuntimeError, match="ray.init failed"):
         with lean_ray.lean_head():
             raise RuntimeError("ray.init failed")
     assert (parameter.RayParams, node.Node.start_api_server) == (params_class, start_api_server)
+    assert services.get_node is get_node
 
 
 def test_a_ray_without_the_parameters_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,13 +173,30 @@ def test_a_ray_without_the_parameters_is_left_alone(monkeypatch: pytest.MonkeyPa
     def start_api_server(self: object, include: bool) -> None:
         """A signature without ``include_dashboard``."""
 
+    def get_node(address: str, node: str) -> None:
+        """Parameters under other names."""
+
     monkeypatch.setattr(parameter, "RayParams", OlderRayParams)
     monkeypatch.setattr(node.Node, "start_api_server", start_api_server)
+    monkeypatch.setattr(services, "get_node", get_node)
 
     with lean_ray.lean_head() as left_out:
         assert parameter.RayParams is OlderRayParams
         assert node.Node.start_api_server is start_api_server
+        assert services.get_node is get_node
     assert left_out == ()
+
+
+def test_a_ray_without_a_node_table_keeps_its_registration_poll(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray._private import state
+
+    get_node = services.get_node
+    monkeypatch.delattr(state.GlobalState, "node_table")
+
+    with lean_ray.lean_head() as left_out:
+        assert services.get_node is get_node
+    assert left_out == ("autoscaler monitor", "log monitor", "API server")
 
 
 def test_full_ray_env_leaves_rays_classes_alone(monkeypatch: pytest.MonkeyPatch) -> None:
