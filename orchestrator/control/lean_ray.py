@@ -20,8 +20,8 @@ dashboard start.
 
 Then ``ray.init`` waits for the new raylet to register with the GCS through Ray's
 ``services.get_node``, which asks the GCS and, while the node is not there, sleeps a whole
-second before asking again. The raylet registers 0.7-1.6 s after it is spawned here, so the
-wait ended at 1.1 s or 2.1 s. Within the block, ``get_node`` first asks the GCS's node table
+second before asking again. The raylet registered 0.7-1.6 s after Ray's first ask here, so
+the wait ended at 1.1 s or 2.1 s. Within the block, ``get_node`` first asks the GCS's node table
 every 20 ms until the node is there (at most Ray's own 30 s), then calls Ray's, which then
 answers at its first ask; any error on the way leaves the wait to Ray's.
 
