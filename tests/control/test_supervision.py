@@ -157,15 +157,26 @@ def test_a_killed_follower_is_failed_over_at_begin_step_and_healed_at_end_step(
 def test_a_frozen_manager_is_probed_at_a_drain_and_replaced(ledger: Ledger, sqlite_url: str,
                                                              tmp_path):
     """A SIGSTOPped manager never answers a drain: after the manager call timeout without a
-    batch it is probed (bounded), found silent, and replaced; the drain is asked again."""
-    policy = dataclasses.replace(POLICY, manager_call_timeout_s=8.0)
+    batch it is probed (bounded by the probe timeout, not a second call timeout), found
+    silent, and replaced; the drain is asked again."""
+    policy = dataclasses.replace(POLICY, manager_call_timeout_s=8.0, manager_probe_timeout_s=2.0)
     with started(ledger, sqlite_url, tmp_path, policy) as supervisor:
         drain(supervisor, 0)
         old = supervisor.manager
+        watch = supervisor.manager_watch
+        probes: list[float | None] = []
+        probe = watch.alive
+
+        def recorded_probe(timeout: float | None = None) -> bool:
+            probes.append(timeout)
+            return probe(timeout)
+
+        watch.alive = recorded_probe  # the real probe, its bound recorded
 
         with frozen(old):
             batch = drain(supervisor, 1)
 
+        assert probes == [2.0]
         assert supervisor.counters.manager_replacements == 1
         assert replacements(ledger) == [("rollout-manager", "rollout-manager", "frozen")]
         assert supervisor.manager is not old

@@ -23,6 +23,11 @@ declared once and nothing else retries or restarts:
 - ``actor_start_timeout_s``: how long a replacement actor may take to start on the node it
   was placed on; one that dies or does not start in time is placed again on another node, at
   most ``max_attempts`` times (a node that is dying is probed for ``heartbeat_timeout_s``).
+- ``manager_call_timeout_s``: the bound on every call on the rollout manager, and how long a
+  drain may wait without a batch before the manager is probed; ``manager_probe_timeout_s``:
+  the bound on that probe (a version read, which a live manager answers between the awaits of
+  its drains), so a frozen manager is replaced after one call timeout and a probe, not two
+  call timeouts.
 - ``node_probe_timeout_s``: how long a live node may take to run the probe task that clears it
   for a replacement rollout manager. On a loaded node the probe may need a new worker process
   (seconds, more than a heartbeat), so it has a deadline of its own, and the round of probes is
@@ -61,6 +66,7 @@ class FailurePolicy:
     max_restarts: int = 10
     restart_window_s: float = 600.0
     manager_call_timeout_s: float = 60.0
+    manager_probe_timeout_s: float = 10.0
     actor_start_timeout_s: float = 180.0
     probe_grace_s: float = 30.0
     first_start_timeout_s: float = 900.0

@@ -1,7 +1,7 @@
 """Manager watch: the rollout manager's liveness and replacement, and the drains it serves.
 
 Every call on the manager is bounded (``manager_call_timeout_s``), and a drain that waits
-longer than that probes the manager with a bounded call. A manager that dies, or is frozen (no
+longer than that probes the manager with a shorter bounded call (``manager_probe_timeout_s``). A manager that dies, or is frozen (no
 answer within the bound), is replaced by a new one on a node alive now, which rebuilds its
 prompt state from the ledger itself (:meth:`RolloutManager.restore_from_ledger`): the stream
 continues where the ledger's ``batch_trained`` events say, and the prompts of the batch the
@@ -124,12 +124,12 @@ class ManagerWatch:
             self.replace("frozen" if isinstance(exc, GetTimeoutError) else "dead")
             return ray.get(call(self.manager), timeout=timeout)
 
-    def alive(self) -> bool:
-        """Whether the current manager answers within the manager call timeout (a frozen one
-        does not)."""
+    def alive(self, timeout: float | None = None) -> bool:
+        """Whether the current manager answers within ``timeout`` (default: the manager call
+        timeout; a frozen one does not)."""
         try:
             ray.get(self.manager.get_weight_version.remote(),
-                    timeout=self.policy.manager_call_timeout_s)
+                    timeout=timeout or self.policy.manager_call_timeout_s)
         except (RayActorError, GetTimeoutError):
             return False
         return True
@@ -215,9 +215,9 @@ class ManagerWatch:
         now, healed at the step boundary). A dead rollout manager is replaced from the
         ledger's prompt state and the drain is asked again of the new one. So is a frozen
         one: after each ``manager_call_timeout_s`` without a batch the manager is probed
-        (:meth:`alive`, bounded by the same timeout), so a stopped manager costs at most two
-        timeouts, while a drain that is only slow (held back by admission, engines
-        replaced) waits on.
+        (:meth:`alive`, bounded by ``manager_probe_timeout_s``), so a stopped manager costs at
+        most a call timeout, a heartbeat and a probe, while a drain that is only slow (held
+        back by admission, engines replaced) waits on.
 
         Raises:
             SupervisionLimitError: the restart budget is spent.
@@ -231,9 +231,11 @@ class ManagerWatch:
             if not ready:
                 self._on_idle()
                 if time.monotonic() - silent_since >= self.policy.manager_call_timeout_s:
-                    if not self.alive():
-                        logger.warning("rollout manager frozen (no answer in %.0f s); "
-                                       "replacing it", self.policy.manager_call_timeout_s)
+                    if not self.alive(self.policy.manager_probe_timeout_s):
+                        logger.warning("rollout manager frozen (no batch in %.0f s, no answer "
+                                       "to a probe in %.0f s); replacing it",
+                                       self.policy.manager_call_timeout_s,
+                                       self.policy.manager_probe_timeout_s)
                         self.replace("frozen")
                         drain = self.request_drain(drain.step)
                     silent_since = time.monotonic()
