@@ -65,6 +65,7 @@ from actors.weight_paths import OBJECT_STORE, EngineDevices, local_device_info, 
 from actors.publishing.weight_sync import StagedWeights, collect_weights, stage_weights, tensors_checksum
 from actors.publishing.sequence import FaultAction, UpdateFaults, UpdatePoint, UpdateReport
 from actors.publishing.sequence import update_weights as run_update_sequence
+from actors.publishing.tail import TailOutcome, UpdateTail
 from orchestrator.rollout.types import Group, Sample
 
 __all__ = ["TRAIN_CELL_ACTOR_OPTIONS", "TrainCell", "has_learning_signal"]
@@ -152,6 +153,7 @@ class TrainCell:
         self.run_id = run_id
         self.records = PublisherRecords(cell_id, ledger_url, run_id)
         self._faults = UpdateFaults()
+        self._tail = UpdateTail()  # steps 5-6 of the last update, when run in the background
         self._engine_nodes = EngineNodes()
         self._engine_devices = EngineDevices()
 
@@ -248,7 +250,8 @@ class TrainCell:
 
     def update_weights(self, engines: Sequence[Any], epoch: int,
                        engine_timeout_s: float | None = None,
-                       swap: str = WeightSwap.PAUSE) -> UpdateReport:
+                       swap: str = WeightSwap.PAUSE,
+                       finish_in_background: bool = False) -> UpdateReport:
         """Publish this cell's weights as the next version: THE sequence
         (:func:`actors.publishing.sequence.update_weights`, steps 1-6 in the module docstring).
 
@@ -261,22 +264,45 @@ class TrainCell:
         ``engine_call_timeout_s``). ``swap``: ``pause`` the engines for the update, or let
         them take it ``in-flight`` (:class:`~actors.transport.WeightSwap`).
 
+        ``finish_in_background``: return right after the commit, with steps 5-6 left running
+        beside this cell's next calls (the report is ``finishing``; :meth:`settle_update`
+        waits for them and says what they did). The last update's tail is settled first, so
+        its wait is in this report's ``step_seconds`` as ``tail_wait``.
+
         Raises:
             ledger.FencedError: this cell was superseded; nothing more is written.
             StaleEpochError: an engine has seen a newer epoch.
             TransferError, EngineStateError: the transfer failed; nothing committed.
             EngineSilentError: an engine gave no answer in time; nothing committed.
             ValueError: the cell is not bound to a run.
+            Exception: what the last update's tail raised (:meth:`settle_update`).
         """
+        settled = self.settle_update(engine_timeout_s)
         adapter = (f"lora-r{self.policy_config.lora_rank}"
                    if self.transport is Transport.LORA else None)
         report = run_update_sequence(
             self.records, engines, epoch, train_step=self.train_step_count,
             transport=self.transport, adapter=adapter, stage=self.stage,
             engine_nodes=self._engine_nodes.of, at_point=self._faults,
-            engine_timeout_s=engine_timeout_s, swap=WeightSwap(swap))
+            engine_timeout_s=engine_timeout_s, swap=WeightSwap(swap),
+            tail=self._tail if finish_in_background else None)
+        if settled is not None:
+            report.step_seconds["tail_wait"] = settled.step_seconds["tail_wait"]
         self.weight_version = report.version
         return report
+
+    def settle_update(self, timeout_s: float | None = None) -> TailOutcome | None:
+        """Wait for the last update's steps 5-6 if they run in the background
+        (``update_weights(finish_in_background=True)``); returns what they did, or None when
+        nothing was pending or the tail found this cell superseded
+        (:meth:`actors.publishing.tail.UpdateTail.settle`).
+
+        Raises:
+            TimeoutError: the tail did not end within ``timeout_s``.
+            Exception: what the tail raised (its version stays committed; engines it did not
+                stamp are the audit's unstamped ones).
+        """
+        return self._tail.settle(timeout_s)
 
     # ---------------------------------------------------------------------------- state
 
@@ -330,6 +356,7 @@ class TrainCell:
             ledger.FencedError: not the publisher; the file is written, the event is not.
             OSError: the file could not be written (StorageError: a relative path).
         """
+        self.settle_update()  # its engines_stamped before checkpoint_saved
         buffer = io.BytesIO()
         torch.save(self.get_state(), buffer)
         target = write_bytes_atomic(to_url(path), buffer.getvalue())
@@ -358,6 +385,11 @@ class TrainCell:
         return is_readable(path)
 
     def close(self) -> None:
-        """Leave the gradient group and close ledger connections."""
+        """Let the last update's tail end (its failure is logged), leave the gradient group
+        and close ledger connections."""
+        try:
+            self.settle_update()
+        except Exception:  # noqa: BLE001 - closing goes on; the version stays committed
+            logger.warning("cell %s: the last update's tail failed", self.cell_id, exc_info=True)
         self._gradients.leave()
         self.records.close()

@@ -12,7 +12,9 @@ after the warm-up:
 - step time, and the control plane's share of it (``time/control_plane_s``: the step less the
   train step and the drain wait, so ledger transactions, Ray round trips, weight staging and
   bookkeeping);
-- every phase of the step (``time/*_s``) and of the weight update (``time/update/*_s``);
+- every phase of the step (``time/*_s``) and of the weight update (``time/update/*_s``; the
+  engines' stamp and ``engines_stamped`` run on the publisher's update tail beside the next
+  train step, and ``tail_wait`` is the next update's wait for them);
 - the rollout manager's CPU per step, its share of a core, and its engine calls per step.
 
 ``--engines device`` uses the benchmark's modelled-accelerator engines (``bench/_jobs.py``).
@@ -44,8 +46,7 @@ ROWS: list[tuple[str, str, float]] = [
     ("train (ms)", "time/train_s", 1000),
     ("weight update (ms)", "time/update_weights_s", 1000),
     *[(f"  update: {name} (ms)", f"time/update/{name}_s", 1000)
-      for name in ("started", "stage", "pause", "load", "commit", "stamp", "stamped",
-                   "hand_over")],
+      for name in ("started", "stage", "pause", "load", "commit", "hand_over", "tail_wait")],
     ("provenance (ms)", "time/provenance_s", 1000),
     ("end of step (ms)", "time/end_step_s", 1000),
     ("manager CPU (ms)", P + "manager_cpu_s", 1000),

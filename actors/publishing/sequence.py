@@ -17,6 +17,10 @@ section 5 with the same numbers:
 6. record ``engines_stamped`` and return an :class:`UpdateReport` carrying the committed head
    ``(v, e)``; pushing it to the rollout manager is the control plane's next move.
 
+Steps 5 and 6 only wait on the engines, so a caller may run them on an
+:class:`~actors.publishing.tail.UpdateTail` (the train cell does): the call then returns right
+after step 4, and the tail is settled before the next update.
+
 In-flight (``swap=WeightSwap.IN_FLIGHT``) the engines never stop for steps 1-4: step 2 is
 skipped, step 3b stages the weights in engines that keep generating, and step 5 is one
 ``swap_and_stamp`` per engine, which loads them at its next token boundary, stamps and resumes
@@ -48,6 +52,7 @@ from typing import Any
 
 from actors.errors import InjectedFault
 from actors.publishing.records import PublisherRecords
+from actors.publishing.tail import TailOutcome, UpdateTail
 from actors.transport import Transport, WeightSwap
 from actors.publishing.weight_sync import (
     EngineDeadline,
@@ -133,6 +138,9 @@ class UpdateReport:
 
     ``committed`` is the head the commit made: ``version`` v, ``epoch`` e, this cell, and the
     seq and hash of the ``weight_committed`` event (a witness the ledger must still hold).
+
+    ``finishing``: steps 5 and 6 still run on an :class:`~actors.publishing.tail.UpdateTail`;
+    the stamped and failed engines and their seconds are its outcome, not this report's.
     """
 
     committed: Head
@@ -140,6 +148,7 @@ class UpdateReport:
     stamped_engine_ids: list[str] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)
     step_seconds: dict[str, float] = field(default_factory=dict)
+    finishing: bool = False
 
     @property
     def version(self) -> int:
@@ -176,7 +185,8 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
                    engine_nodes: Callable[[Sequence[Any]], dict[str, dict[str, str]]],
                    at_point: Callable[[UpdatePoint], None] = _no_fault,
                    engine_timeout_s: float | None = None,
-                   swap: WeightSwap = WeightSwap.PAUSE) -> UpdateReport:
+                   swap: WeightSwap = WeightSwap.PAUSE,
+                   tail: UpdateTail | None = None) -> UpdateReport:
     """Publish the cell's weights to ``engines`` as the next version (steps 1-6 above).
 
     Precondition: the cell of ``records`` is the publisher at ``epoch``. ``stage`` makes step
@@ -184,6 +194,9 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
     the stamped engines for step 6, ``swap`` says whether engines pause for the update or
     take it in flight (the module docstring). Retrying the whole call is safe: every event is
     idempotent, pausing twice is harmless, loading again overwrites with the same tensors.
+
+    With ``tail``, steps 5 and 6 run on it, and the call returns right after the commit (the
+    report is ``finishing``); the caller settles the tail before its next update.
 
     Every wait on the engines (steps 2, 3b, 5) ends ``engine_timeout_s`` after the update
     began (``None``: no bound). An engine silent past it before the commit fails the update
@@ -227,15 +240,25 @@ def update_weights(records: PublisherRecords, engines: Sequence[Any], epoch: int
     committed = records.commit(epoch, train_step, transport, adapter, checksum)  # 4
     clock.lap("commit")
     at_point(UpdatePoint.AFTER_COMMIT)
-    finalized = finalize_and_resume_engines(engines, committed.version, epoch, deadline,
-                                            swap)  # 5
-    clock.lap("stamp")  # stamp (in flight: swap and stamp) and resume: one call per engine
-    if finalized.failed:
-        logger.warning("cell %s: engines not stamped with v%d: %s", records.cell_id,
-                       committed.version, finalized.failed)
-    at_point(UpdatePoint.AFTER_FINALIZE)
-    records.engines_stamped(committed.version, epoch, finalized.stamped_engine_ids,
-                            engine_nodes(engines))  # 6
-    clock.lap("stamped")
-    return UpdateReport(committed, checksum, finalized.stamped_engine_ids, finalized.failed,
-                        clock.seconds)
+
+    def finish() -> TailOutcome:  # 5 and 6
+        tail_clock = _Clock()
+        finalized = finalize_and_resume_engines(engines, committed.version, epoch, deadline,
+                                                swap)  # 5
+        tail_clock.lap("stamp")  # stamp (in flight: swap and stamp) and resume, per engine
+        if finalized.failed:
+            logger.warning("cell %s: engines not stamped with v%d: %s", records.cell_id,
+                           committed.version, finalized.failed)
+        at_point(UpdatePoint.AFTER_FINALIZE)
+        records.engines_stamped(committed.version, epoch, finalized.stamped_engine_ids,
+                                engine_nodes(engines))  # 6
+        tail_clock.lap("stamped")
+        return TailOutcome(committed.version, finalized.stamped_engine_ids, finalized.failed,
+                           tail_clock.seconds)
+
+    if tail is not None:
+        tail.start(committed.version, finish)
+        return UpdateReport(committed, checksum, step_seconds=clock.seconds, finishing=True)
+    finished = finish()
+    return UpdateReport(committed, checksum, finished.stamped_engine_ids, finished.failed,
+                        {**clock.seconds, **finished.step_seconds})

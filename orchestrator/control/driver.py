@@ -115,7 +115,8 @@ class TrainingJob:
         self.supervisor = Supervisor(config, ledger, layout,
                                      create_engine=options.engine_factory)
         self.publisher = Publisher.of(self.supervisor,
-                                      before_publish=lambda: self.hooks.before_publish(self))
+                                      before_publish=lambda: self.hooks.before_publish(self),
+                                      finish_in_background=True)
         self.tracker = open_tracker(config, layout.run_dir)
         self.evaluator = evaluation.Evaluator(config, ledger, self.run_id, self.tracker)
         self.recorder = StepRecorder(layout.metrics_path, self.run_id, tracker=self.tracker)
@@ -245,6 +246,8 @@ class TrainingJob:
             held_version = version or held_version
             head = self._head_at(recorded, held_version)  # passed on, never read back
             with phases.timed("evaluate"):
+                if self.evaluator.due(step):
+                    self.publisher.settle()  # the engines serve the version evaluated
                 self.evaluator.after_step(step, supervisor.engines)  # when due
             if self._checkpoint_due(step):
                 with phases.timed("checkpoint"):
@@ -255,6 +258,7 @@ class TrainingJob:
             bar.update(self.record(step, batch, train_metrics, head, trained_on, version,
                                    step_s, phases.timings(step_s)))
             self.hooks.on_step_end(self, step)
+        self.publisher.settle()  # the last update's engines_stamped before run_finished
         supervisor.settle_version_push()  # the last step's push, if end_step did not see it
 
     def _drain(self, drain: Drain) -> RolloutFnTrainOutput:

@@ -7,12 +7,15 @@ A weight update (DESIGN section 5) walks, with direct method calls:
 2. ``TrainCell.update_weights`` (actors/train_cell.py), which runs the one sequence
    (actors/publishing/sequence.py):
    ``weight_update_started`` (ledger write 1), pause engines, transfer (full or LoRA, in
-   actors/publishing/weight_sync.py), ``commit_weights`` (ledger write 2), the one
-   ``finalize_and_resume_engines(v, e)``, ``engines_stamped`` (ledger write 3).
-3. Back here: restarted engines are handed to the rollout manager (they now hold ``v``) and
-   ``v`` is pushed to the manager without waiting (its answer is checked at the step
-   boundary, ``Supervisor.end_step``, if it is in, else before the next push); ``v`` is
-   returned to the driver, which passes it on.
+   actors/publishing/weight_sync.py), ``commit_weights`` (ledger write 2), and then, on the
+   cell's update tail (actors/publishing/tail.py) while the cell goes on to its next train
+   step, the one ``finalize_and_resume_engines(v, e)`` and ``engines_stamped`` (ledger
+   write 3). The cell settles the tail before its next update or checkpoint;
+   :meth:`Publisher.settle` waits for it where the control plane needs the engines stamped.
+3. Back here: restarted engines are handed to the rollout manager once the tail has stamped
+   them (they then hold ``v``), and ``v`` is pushed to the manager without waiting (its
+   answer is checked at the step boundary, ``Supervisor.end_step``, if it is in, else before
+   the next push); ``v`` is returned to the driver, which passes it on.
 
 A failed attempt is sorted out and the update is made again under
 :meth:`FailurePolicy.run`: a dead engine is restarted (nothing was committed), a lost
@@ -52,8 +55,9 @@ logger = logging.getLogger(__name__)
 class PublishOutcome:
     """What one publish did: the committed version, who published it under which epoch, and
     the wall seconds of each step of the sequence (``UpdateReport.step_seconds``: started,
-    stage, pause, load, commit, stamp (and resume), stamped) plus ``hand_over`` (the version push
-    to the rollout manager)."""
+    stage, pause, load, commit, and stamp (and resume) and stamped unless they run on the
+    cell's update tail; then ``tail_wait``, the wait for the last update's) plus
+    ``hand_over`` (the version push to the rollout manager)."""
 
     version: int
     epoch: int
@@ -77,29 +81,38 @@ class Publisher:
             first commit.
         swap: whether engines pause for an update or take it in flight
             (``RunConfig.weight_swap``).
+        finish_in_background: an update returns once committed, and its steps 5-6 run on
+            the publisher cell beside its next train step (:meth:`settle` waits for them);
+            else :meth:`publish_weights` returns with every engine stamped. The training job
+            finishes in the background; tests and drills that look at the engines right
+            after a publish do not.
     """
 
     def __init__(self, cells: CellGroup, failover: CellFailover, engines: EngineRestarts,
                  manager: ManagerWatch | None, policy: FailurePolicy, *,
                  before_publish: Callable[[], None] = lambda: None,
-                 swap: WeightSwap = WeightSwap.PAUSE) -> None:
+                 swap: WeightSwap = WeightSwap.PAUSE,
+                 finish_in_background: bool = False) -> None:
         self.swap = WeightSwap(swap)
+        self.finish_in_background = finish_in_background
         self._cells = cells
         self._failover = failover
         self._engines = engines
         self._manager = manager
         self.policy = policy
         self._before_publish = before_publish
+        self._finishing: str | None = None  # the cell whose update tail is not settled
 
     @classmethod
-    def of(cls, supervisor: Supervisor, *, before_publish: Callable[[], None] = lambda: None
-           ) -> Publisher:
+    def of(cls, supervisor: Supervisor, *, before_publish: Callable[[], None] = lambda: None,
+           finish_in_background: bool = False) -> Publisher:
         """A publisher over ``supervisor``'s collaborators (its cells, failover, engines,
         manager watch and policy), each passed explicitly, swapping weights as its run's
         configuration says."""
         return cls(supervisor.cells, supervisor.failover, supervisor.engine_restarts,
                    supervisor.manager_watch, supervisor.policy, before_publish=before_publish,
-                   swap=supervisor.config.weight_swap)
+                   swap=supervisor.config.weight_swap,
+                   finish_in_background=finish_in_background)
 
     def publish_weights(self) -> PublishOutcome:
         """Publish as the next version (ledger head + 1) to every engine; returns the outcome.
@@ -117,6 +130,8 @@ class Publisher:
         if self._manager is not None and self._manager.manager is not None:
             started = time.perf_counter()
             watch = self._manager
+            if self._engines.awaiting_weights:
+                self.settle()  # a restarted engine serves the manager once it is stamped
             self._engines.hand_over(lambda engine_id, handle: watch.call(
                 lambda manager: manager.replace_engine.remote(engine_id, handle)))
             watch.push_version(outcome.version)  # answered by the step boundary
@@ -150,10 +165,39 @@ class Publisher:
         """
         cell_id, epoch = self._failover.ensure_publisher()
         engines = list(self._engines.engines.values())
+        self._finishing = None  # the cell settles its own tail first
         report = self._call(cell_id, self._cells.actor(cell_id).update_weights.remote(
-            engines, epoch, self.policy.engine_call_timeout_s, str(self.swap)))
+            engines, epoch, self.policy.engine_call_timeout_s, str(self.swap),
+            self.finish_in_background))
+        self._finishing = cell_id if report.finishing else None
         return PublishOutcome(version=report.version, epoch=epoch, publisher_cell=cell_id,
                               step_seconds=dict(report.step_seconds))
+
+    def settle(self) -> None:
+        """Wait until the last update's engines are stamped and ``engines_stamped`` is
+        recorded (steps 5-6, which run on the publisher cell beside its next train step).
+        Nothing to wait for: returns at once.
+
+        A publisher lost meanwhile is failed over (its version stays committed; engines it
+        did not stamp are the audit's unstamped ones, and the next update reaches them).
+
+        Raises:
+            StepFailedError: ``max_attempts`` attempts failed.
+            Exception: what the tail raised on the publisher cell.
+        """
+        if self._finishing is not None:
+            self.policy.run(self._settle_attempt, "the last weight update did not finish")
+
+    def _settle_attempt(self) -> None:
+        cell_id, self._finishing = self._finishing, None
+        if cell_id is None:
+            return
+        try:
+            self._call(cell_id, self._cells.actor(cell_id).settle_update.remote(
+                self.policy.engine_call_timeout_s))
+        except PublisherLostError as exc:
+            failure = self._sorted_out(exc)
+            raise failure from failure.cause
 
     def save_checkpoint(self, path: Path) -> dict[str, Any]:
         """The publisher writes its state to ``path`` and records ``checkpoint_saved``.

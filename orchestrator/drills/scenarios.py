@@ -100,6 +100,10 @@ def _zombie_publisher(ctx: DrillContext, job: TrainingJob) -> None:
     whole update sequence, and (inside its own process) the sequence's commit step and its
     stage-and-load steps. All three must be refused and change nothing. Healing (which kills
     the zombie) is left to the driver's next step."""
+    # A zombie is frozen idle: its last update's tail (stamps, engines_stamped) ends first.
+    # Frozen inside that tail's ledger write, it would hold the SQLite write lock and stop
+    # the run, as a publisher frozen inside any ledger write would.
+    job.publisher.settle()
     zombie = publisher_of(job)
     engines = list(job.supervisor.engines.values())
     with frozen(zombie.pid):
@@ -109,6 +113,7 @@ def _zombie_publisher(ctx: DrillContext, job: TrainingJob) -> None:
         detect_s = time.monotonic() - started
         new_epoch = job.ledger.head(job.run_id).epoch
         job.publisher.publish_weights()
+        job.publisher.settle()  # the successor's engines_stamped is in before the head is read
     head = job.ledger.head(job.run_id)
     engine_state = _engine_state(engines)
     attempts = {

@@ -14,7 +14,7 @@ import ray
 from actors.errors import CollectiveError, StaleEpochError
 from actors.train_cell import TrainCell
 from actors.task import AdditionTask
-from ledger import FencedError, Ledger
+from ledger import EventKind, FencedError, Ledger
 from ledger.run_layout import RunLayout
 from orchestrator.config import RunConfig
 from orchestrator.control import launch
@@ -253,3 +253,38 @@ def test_a_heartbeat_sent_ahead_is_void_once_a_cells_state_changes(
     os.kill(ray.get(cells.actor("cell-1").pid.remote()), signal.SIGKILL)
 
     assert supervisor.check_cells() == ["cell-1"]
+
+
+def test_a_publish_finished_in_the_background_is_settled_before_the_engines_are_read(
+        supervisor, ledger, engines):
+    """The training job's publisher: each update returns once committed, the publisher cell
+    stamps the engines on its tail, and ``settle`` waits for it; the next update settles it
+    first, so every version's engines_stamped comes before the next one starts."""
+    publisher = Publisher.of(supervisor, finish_in_background=True)
+
+    first = publisher.publish_weights()
+    publisher.settle()
+
+    assert first.version == 1 and "stamp" not in first.step_seconds
+    publishing_cell = supervisor.cells.actor(first.publisher_cell)
+    assert ray.get(publishing_cell.settle_update.remote()) is None  # settled by the publisher
+    assert {version for version, _, _ in engine_view(engines)} == {1}
+    stamped = list(ledger.events(RUN))[-1]
+    assert stamped.kind == EventKind.ENGINES_STAMPED
+    assert sorted(stamped.payload["engine_ids"]) == ["engine-0", "engine-1"]
+
+    supervisor.train_step(batch(engines))  # the cells train while nothing is pending
+    second = publisher.publish_weights()  # not settled here: the next update does it
+    supervisor.train_step(batch(engines))  # the publisher trains beside its tail
+    third = publisher.publish_weights()
+    publisher.settle()
+
+    assert (second.version, third.version) == (2, 3) and "tail_wait" in third.step_seconds
+    order = [(event.kind, event.version or event.payload.get("version"))
+             for event in ledger.events(RUN)
+             if event.kind in (EventKind.WEIGHT_COMMITTED, EventKind.ENGINES_STAMPED)]
+    assert order == [(kind, version) for version in (1, 2, 3)
+                     for kind in (EventKind.WEIGHT_COMMITTED, EventKind.ENGINES_STAMPED)]
+    assert {version for version, _, _ in engine_view(engines)} == {3}
+    report = ledger.verify(RUN)
+    assert report.ok and report.unstamped_versions == []

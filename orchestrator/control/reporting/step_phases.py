@@ -2,7 +2,8 @@
 
 The driver times each phase of a step (drain wait, train, weight update, provenance, evaluate,
 checkpoint, end of step) and the weight update's own steps (``PublishOutcome.step_seconds``:
-started, stage, pause, load, commit, stamp (and resume), stamped, hand_over). From them
+started, stage, pause, load, commit, hand_over, and tail_wait: the wait for the last update's
+stamp and ``engines_stamped``, which run on the publisher cell beside the train step). From them
 :meth:`StepPhases.timings` derives ``time/control_plane_s``: the step less the work the
 control plane exists to schedule, the train step and the wait for generation. What is left is
 ledger transactions, Ray round trips, weight staging and bookkeeping, which is what issue 25's
