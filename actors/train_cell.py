@@ -240,7 +240,8 @@ class TrainCell:
                          action: FaultAction | str = FaultAction.STOP) -> dict[str, str]:
         """Arm a fault at ``point`` of the next weight update (drills, tests): ``stop`` freezes
         this process there (SIGSTOP; the caller kills or continues it), ``raise`` fails the
-        update there with :class:`~actors.errors.InjectedFault`. Returns what is armed.
+        update there with :class:`~actors.errors.InjectedFault`, ``delay`` holds it there for
+        ``DELAY_S`` (a slow step). Returns what is armed.
 
         Raises:
             ValueError: unknown point or action.

@@ -65,7 +65,8 @@ from actors.publishing.weight_sync import (
 )
 from ledger import FencedError, Head
 
-__all__ = ["FaultAction", "UpdateFaults", "UpdatePoint", "UpdateReport", "update_weights"]
+__all__ = ["DELAY_S", "FaultAction", "UpdateFaults", "UpdatePoint", "UpdateReport",
+           "update_weights"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,11 @@ class FaultAction(StrEnum):
 
     STOP = "stop"  # SIGSTOP this process: frozen there, for the caller to SIGKILL or SIGCONT
     RAISE = "raise"  # raise InjectedFault: the update fails at that point
+    DELAY = "delay"  # sleep DELAY_S there: a slow step (what waits for the update's tail)
+
+
+DELAY_S = 1.0
+"""How long a ``delay`` fault holds its point."""
 
 
 class UpdateFaults:
@@ -120,6 +126,8 @@ class UpdateFaults:
         self.fired.append(point)
         if action is FaultAction.STOP:
             os.kill(os.getpid(), signal.SIGSTOP)
+        elif action is FaultAction.DELAY:
+            time.sleep(DELAY_S)
         else:
             raise InjectedFault(f"fault injected at {point}")
 

@@ -18,6 +18,7 @@ import ray
 from ledger import Ledger
 from orchestrator.config import RunConfig
 from orchestrator.control.driver import JobOptions, TrainingJob, run_job
+from orchestrator.control.hooks import JobHooks
 from orchestrator.control.provenance_recorder import prompt_ledger
 from orchestrator.metric_keys import TRAIN_STALENESS_MAX_KEY as TRAIN_STALENESS_MAX
 
@@ -215,6 +216,32 @@ def _assert_steps_are_timed_phase_by_phase(metrics: list[dict]) -> None:
     # The next update waits for the last one's tail, unless a checkpoint did so first.
     waited = [line["step"] for line in metrics if "time/update/tail_wait_s" in line]
     assert waited and metrics[0]["step"] not in waited, waited
+
+
+class SlowUpdateTails(JobHooks):
+    """Every weight update's tail is held for ``DELAY_S`` after the stamp, before
+    ``engines_stamped``: what must wait for the tail (an evaluation, the end of the run) is
+    seen to wait, by the order of the ledger's events."""
+
+    def before_publish(self, job: TrainingJob) -> None:
+        publisher = job.ledger.head(job.run_id).publisher_cell
+        ray.get(job.supervisor.cells.actor(publisher).arm_update_fault.remote(
+            "after-finalize", "delay"))
+
+
+def test_the_run_ends_once_the_last_updates_engines_are_stamped(tmp_path: Path):
+    result = run_job(small_config("slow-tails", num_rollout=3),
+                     JobOptions(runs_dir=tmp_path, progress=False, plot=False,
+                                hooks=SlowUpdateTails()))
+
+    with Ledger.open(result.ledger_url, readonly=True) as ledger:
+        events = list(ledger.events("slow-tails"))
+    kinds = [event.kind for event in events]
+    stamped = [event.payload["version"] for event in events if event.kind == "engines_stamped"]
+    assert stamped == [1, 2, 3] and result.head_version == 3
+    assert kinds.index("run_finished") > max(
+        index for index, kind in enumerate(kinds) if kind == "engines_stamped")
+    assert result.ok and not result.audit_problems
 
 
 def test_orchestrator_run_prints_where_everything_is(tmp_path: Path, capsys):

@@ -15,6 +15,7 @@ from orchestrator.errors import StartupError
 from orchestrator.control.task_setup import RewardErrorLimitError
 from tests.task_fixtures import addition_rows, make_tokenizer, write_jsonl, write_parquet
 from tests.control.test_orchestrator_cli import assert_one_line_error, run_cli
+from tests.e2e.test_main_job import SlowUpdateTails
 
 ROWS = 24
 
@@ -156,12 +157,22 @@ def test_eval_sets_are_scored_between_steps_and_recorded_per_version(
                          eval_prompt_data=["held", str(held_out)], n_samples_per_eval_prompt=3,
                          eval_max_response_len=6)
 
-    result = run_job(config, JobOptions(runs_dir=tmp_path / "runs", progress=False, plot=False))
+    result = run_job(config, JobOptions(runs_dir=tmp_path / "runs", progress=False, plot=False,
+                                        hooks=SlowUpdateTails()))
 
     assert result.ok, result.audit_problems
     with Ledger.open(result.ledger_url, readonly=True) as ledger:
-        evals = [e for e in ledger.events("evals") if e.kind == EventKind.EVAL_FINISHED]
+        events = list(ledger.events("evals"))
+        evals = [e for e in events if e.kind == EventKind.EVAL_FINISHED]
         head = ledger.head("evals").version
+        assert ledger.verify("evals").unstamped_versions == []
+    # An evaluation, and the end of the run, wait for the update's tail: the engines serve
+    # the version evaluated, and every version is stamped before run_finished.
+    stamped_at = {e.payload["version"]: e.seq for e in events
+                  if e.kind == EventKind.ENGINES_STAMPED}
+    assert all(stamped_at[e.payload["version"]] < e.seq for e in evals), stamped_at
+    finished = next(e for e in events if e.kind == EventKind.RUN_FINISHED)
+    assert max(stamped_at) == head and stamped_at[head] < finished.seq
     assert [e.payload["train_step"] for e in evals] == [2, 4]
     assert evals[-1].payload["version"] == head
     assert evals[0].payload["prompts"] == 6 and evals[0].payload["samples_per_prompt"] == 3
