@@ -13,32 +13,11 @@ from __future__ import annotations
 
 import pytest
 
-from actors.engines.rollout_engine import RolloutEngine
 from actors.errors import InjectedFault
-from actors.policies.policy import PolicyConfig
 from actors.publishing.sequence import FaultAction, UpdateFaults, UpdatePoint
-from actors.task import TOKENIZER, AdditionTask
-from actors.train_cell import TrainCell
 from actors.transport import WeightSwap
-from ledger import EventKind, FencedError, Ledger
-
-TASK = AdditionTask(seed=0)
-CONFIG = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
-RUN = "sequence"
-
-
-@pytest.fixture
-def publishing(sqlite_url: str):
-    """A cell that trained one step (new weights), an idle engine, cell-0 promoted."""
-    ledger = Ledger.open(sqlite_url)
-    ledger.start_run(RUN)
-    epoch = ledger.promote(RUN, "cell-0", reason="start")
-    engine = RolloutEngine("engine-0", "torch", CONFIG, 0, TASK)
-    cell = TrainCell("cell-0", "torch", CONFIG, 0, ledger_url=sqlite_url, run_id=RUN)
-    cell.train_step([engine.generate(TASK.make_prompt(i), 4, i) for i in range(4)])
-    yield ledger, epoch, cell, engine
-    cell.close()
-    ledger.close()
+from ledger import EventKind, FencedError
+from tests.actors.publishing_fixtures import RUN, TASK, event_kinds
 
 
 class _Recorder(UpdateFaults):
@@ -51,10 +30,6 @@ class _Recorder(UpdateFaults):
     def __call__(self, point: UpdatePoint) -> None:
         self.passed.append(point)
         super().__call__(point)
-
-
-def _kinds(ledger: Ledger) -> list[str]:
-    return [event.kind for event in ledger.events(RUN)]
 
 
 def test_the_sequence_passes_every_point_in_order_and_reports_the_committed_head(
@@ -70,8 +45,8 @@ def test_the_sequence_passes_every_point_in_order_and_reports_the_committed_head
     assert (report.committed.version, report.committed.epoch) == (1, epoch)
     assert (report.committed.seq, report.committed.hash) == (commit.seq, commit.hash)
     assert report.committed.publisher_cell == "cell-0"
-    assert _kinds(ledger)[-3:] == [EventKind.WEIGHT_UPDATE_STARTED, EventKind.WEIGHT_COMMITTED,
-                                   EventKind.ENGINES_STAMPED]
+    assert event_kinds(ledger)[-3:] == [EventKind.WEIGHT_UPDATE_STARTED,
+                                        EventKind.WEIGHT_COMMITTED, EventKind.ENGINES_STAMPED]
     assert engine.health()["version"] == 1 and not engine.health()["paused"]
     assert engine.weights_checksum() == cell.weights_checksum() == report.checksum
     assert set(report.step_seconds) == {"started", "stage", "pause", "load", "commit",
@@ -88,8 +63,8 @@ def test_a_failure_before_the_load_records_an_abort_and_commits_nothing(publishi
 
     assert cell._faults.fired == [UpdatePoint.AFTER_STAGE]
     assert ledger.head(RUN).version == 0
-    assert EventKind.WEIGHT_UPDATE_ABORTED in _kinds(ledger)
-    assert EventKind.WEIGHT_COMMITTED not in _kinds(ledger)
+    assert EventKind.WEIGHT_UPDATE_ABORTED in event_kinds(ledger)
+    assert EventKind.WEIGHT_COMMITTED not in event_kinds(ledger)
     assert engine.weights_checksum() == initial  # nothing loaded
     assert cell.update_weights([engine], epoch).version == 1  # the retry publishes
     assert ledger.verify(RUN).ok
@@ -100,14 +75,14 @@ def test_a_fenced_publisher_never_pauses_an_engine(publishing) -> None:
     engines serving and records nothing."""
     ledger, epoch, cell, engine = publishing
     newer = ledger.promote(RUN, "cell-1", reason="failover")
-    events_before = len(_kinds(ledger))
+    events_before = len(event_kinds(ledger))
 
     with pytest.raises(FencedError):
         cell.update_weights([engine], epoch)
 
     health = engine.health()
     assert (health["paused"], health["epoch"]) == (False, 0)  # never asked to pause
-    assert len(_kinds(ledger)) == events_before  # nothing recorded
+    assert len(event_kinds(ledger)) == events_before  # nothing recorded
     assert ledger.head(RUN).epoch == newer
 
 
@@ -117,7 +92,7 @@ def test_in_flight_a_fenced_publisher_stages_nothing_in_an_engine(publishing) ->
     ledger, epoch, cell, engine = publishing
     ledger.promote(RUN, "cell-1", reason="failover")
     initial = engine.weights_checksum()
-    events_before = len(_kinds(ledger))
+    events_before = len(event_kinds(ledger))
 
     with pytest.raises(FencedError):
         cell.update_weights([engine], epoch, swap=WeightSwap.IN_FLIGHT)
@@ -125,7 +100,7 @@ def test_in_flight_a_fenced_publisher_stages_nothing_in_an_engine(publishing) ->
     health = engine.health()
     assert (health["paused"], health["version"], health["weight_stages"]) == (False, 0, 0)
     assert engine.weights_checksum() == initial
-    assert len(_kinds(ledger)) == events_before
+    assert len(event_kinds(ledger)) == events_before
 
 
 def test_a_failure_after_the_commit_leaves_an_unstamped_version_and_the_next_is_head_plus_one(
@@ -173,8 +148,8 @@ def test_in_flight_the_engine_never_pauses_before_the_commit_and_swaps_at_the_st
                                         "stamped"}
     health = engine.health()
     assert (health["weight_stages"], health["weight_swaps"], health["weight_loads"]) == (1, 1, 1)
-    assert _kinds(ledger)[-3:] == [EventKind.WEIGHT_UPDATE_STARTED, EventKind.WEIGHT_COMMITTED,
-                                   EventKind.ENGINES_STAMPED]
+    assert event_kinds(ledger)[-3:] == [EventKind.WEIGHT_UPDATE_STARTED,
+                                        EventKind.WEIGHT_COMMITTED, EventKind.ENGINES_STAMPED]
     assert ledger.verify(RUN).ok
 
 
@@ -191,7 +166,7 @@ def test_in_flight_a_failure_before_the_commit_leaves_the_engine_serving_its_old
     assert (health["paused"], health["version"], health["weight_stages"]) == (False, 0, 1)
     assert engine.weights_checksum() == initial
     assert all(s.weight_versions == [0] for s in engine.generate(TASK.make_prompt(1), 2, 1))
-    assert EventKind.WEIGHT_UPDATE_ABORTED in _kinds(ledger)
+    assert EventKind.WEIGHT_UPDATE_ABORTED in event_kinds(ledger)
     assert ledger.head(RUN).version == 0
     assert cell.update_weights([engine], epoch, swap=WeightSwap.IN_FLIGHT).version == 1
     assert engine.weights_checksum() == cell.weights_checksum()

@@ -14,38 +14,14 @@ import threading
 
 import pytest
 
-from actors.engines.rollout_engine import RolloutEngine
 from actors.errors import InjectedFault
-from actors.policies.policy import PolicyConfig
 from actors.publishing.sequence import FaultAction, UpdateFaults, UpdatePoint
 from actors.publishing.tail import TailOutcome, UpdateTail
-from actors.task import TOKENIZER, AdditionTask
-from actors.train_cell import TrainCell
 from actors.transport import WeightSwap
-from ledger import EventKind, Ledger
+from ledger import EventKind
+from tests.actors.publishing_fixtures import RUN, batch, event_kinds
 
-TASK = AdditionTask(seed=0)
-CONFIG = PolicyConfig(vocab_size=TOKENIZER.vocab_size)
-RUN = "tail"
 WAIT_S = 30.0
-
-
-@pytest.fixture
-def publishing(sqlite_url: str):
-    """A cell that trained one step (new weights), an idle engine, cell-0 promoted."""
-    ledger = Ledger.open(sqlite_url)
-    ledger.start_run(RUN)
-    epoch = ledger.promote(RUN, "cell-0", reason="start")
-    engine = RolloutEngine("engine-0", "torch", CONFIG, 0, TASK)
-    cell = TrainCell("cell-0", "torch", CONFIG, 0, ledger_url=sqlite_url, run_id=RUN)
-    cell.train_step(_batch(engine))
-    yield ledger, epoch, cell, engine
-    cell.close()
-    ledger.close()
-
-
-def _batch(engine: RolloutEngine) -> list:
-    return [engine.generate(TASK.make_prompt(i), 4, i) for i in range(4)]
 
 
 class _HeldAfterFinalize(UpdateFaults):
@@ -63,10 +39,6 @@ class _HeldAfterFinalize(UpdateFaults):
         super().__call__(point)
 
 
-def _kinds(ledger: Ledger) -> list[str]:
-    return [event.kind for event in ledger.events(RUN)]
-
-
 @pytest.mark.parametrize("swap", [WeightSwap.PAUSE, WeightSwap.IN_FLIGHT])
 def test_the_update_returns_once_committed_and_the_cell_trains_while_the_tail_runs(
         publishing, swap: WeightSwap) -> None:
@@ -79,8 +51,8 @@ def test_the_update_returns_once_committed_and_the_cell_trains_while_the_tail_ru
     assert report.stamped_engine_ids == [] and "stamp" not in report.step_seconds
     assert held.reached.wait(WAIT_S)  # step 5 ran on the tail: the engine holds v1
     assert engine.health()["version"] == 1
-    assert EventKind.ENGINES_STAMPED not in _kinds(ledger)  # step 6 is held
-    trained = cell.train_step(_batch(engine))  # the cell is free meanwhile
+    assert EventKind.ENGINES_STAMPED not in event_kinds(ledger)  # step 6 is held
+    trained = cell.train_step(batch(engine))  # the cell is free meanwhile
     assert cell.train_step_count == 2 and "loss" in trained
 
     held.release.set()
@@ -89,7 +61,7 @@ def test_the_update_returns_once_committed_and_the_cell_trains_while_the_tail_ru
     assert isinstance(outcome, TailOutcome)
     assert (outcome.version, outcome.stamped_engine_ids, outcome.failed) == (1, ["engine-0"], {})
     assert {"stamp", "stamped", "tail_wait"} <= set(outcome.step_seconds)
-    assert _kinds(ledger)[-1] == EventKind.ENGINES_STAMPED
+    assert event_kinds(ledger)[-1] == EventKind.ENGINES_STAMPED
     report = ledger.verify(RUN)
     assert report.ok and report.unstamped_versions == []
     assert cell.settle_update() is None  # nothing pending any more
@@ -99,7 +71,7 @@ def test_the_next_update_settles_the_tail_first_so_its_events_stay_in_order(publ
     ledger, epoch, cell, engine = publishing
     held = cell._faults = _HeldAfterFinalize()
     cell.update_weights([engine], epoch, finish_in_background=True)
-    cell.train_step(_batch(engine))
+    cell.train_step(batch(engine))
     threading.Timer(0.3, held.release.set).start()  # released while the next update waits
 
     second = cell.update_weights([engine], epoch, finish_in_background=True)
@@ -124,7 +96,7 @@ def test_a_failed_tail_is_raised_by_the_next_update_and_leaves_its_version_unsta
     ledger, epoch, cell, engine = publishing
     cell.arm_update_fault(UpdatePoint.AFTER_FINALIZE, FaultAction.RAISE)
     cell.update_weights([engine], epoch, finish_in_background=True)
-    cell.train_step(_batch(engine))
+    cell.train_step(batch(engine))
 
     with pytest.raises(InjectedFault):
         cell.update_weights([engine], epoch, finish_in_background=True)
@@ -143,12 +115,12 @@ def test_a_tail_that_finds_its_cell_superseded_is_dropped_and_records_nothing(
     cell.update_weights([engine], epoch, finish_in_background=True)
     assert held.reached.wait(WAIT_S)
     ledger.promote(RUN, "cell-1", reason="failover")  # engines_stamped is now fenced
-    events_before = len(_kinds(ledger))
+    events_before = len(event_kinds(ledger))
 
     held.release.set()
 
     assert cell.settle_update(WAIT_S) is None
-    assert len(_kinds(ledger)) == events_before
+    assert len(event_kinds(ledger)) == events_before
     assert ledger.verify(RUN).unstamped_versions == [1]
 
 
@@ -161,7 +133,7 @@ def test_a_checkpoint_waits_for_the_tail_so_engines_stamped_comes_first(publishi
 
     cell.save_checkpoint(str(tmp_path / "step-1.pt"), epoch)
 
-    kinds = _kinds(ledger)
+    kinds = event_kinds(ledger)
     assert kinds[-2:] == [EventKind.ENGINES_STAMPED, EventKind.CHECKPOINT_SAVED]
 
 
