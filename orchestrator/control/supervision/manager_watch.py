@@ -1,12 +1,12 @@
 """Manager watch: the rollout manager's liveness and replacement, and the drains it serves.
 
 Every call on the manager is bounded (``manager_call_timeout_s``), and a drain that waits
-longer than that probes the manager with a shorter bounded call (``manager_probe_timeout_s``). A manager that dies, or is frozen (no
-answer within the bound), is replaced by a new one on a node alive now, which rebuilds its
-prompt state from the ledger itself (:meth:`RolloutManager.restore_from_ledger`): the stream
-continues where the ledger's ``batch_trained`` events say, and the prompts of the batch the
-driver holds (drained, not yet recorded as trained) are not regenerated. The replacement is
-charged to the restart budget.
+longer than that probes the manager with a shorter bounded call (``manager_probe_timeout_s``).
+A manager that dies, or is frozen (no answer within the bound), is replaced by a new one on a
+node alive now, which rebuilds its prompt state from the ledger itself
+(:meth:`RolloutManager.restore_from_ledger`): the stream continues where the ledger's
+``batch_trained`` events say, and the prompts of the batch the driver holds (drained, not yet
+recorded as trained) are not regenerated. The replacement is charged to the restart budget.
 
 A drain is a :class:`Drain`: the manager asked and its answer. A drain asked of a manager that
 has been replaced since is asked again of the new one, which regenerates those prompts.
@@ -129,7 +129,7 @@ class ManagerWatch:
         timeout; a frozen one does not)."""
         try:
             ray.get(self.manager.get_weight_version.remote(),
-                    timeout=timeout or self.policy.manager_call_timeout_s)
+                    timeout=self.policy.manager_call_timeout_s if timeout is None else timeout)
         except (RayActorError, GetTimeoutError):
             return False
         return True
