@@ -109,6 +109,35 @@ def test_a_frozen_engine_is_replaced_at_the_step_boundary_and_gets_the_next_upda
     assert ray.get(supervisor.manager.get_weight_version.remote()) == 2
 
 
+def test_a_restarted_engine_is_handed_over_only_once_its_update_tail_has_stamped_it(
+    supervisor: Supervisor, ledger: Ledger,
+):
+    """The training job's publisher finishes updates in the background (steps 5-6 on the
+    publisher cell's tail). A restarted engine must not serve the manager before the tail
+    stamps it, so ``publish_weights`` settles the tail before the hand-over: here the tail
+    is held ``DELAY_S`` before ``engines_stamped``, and the publish still returns with it
+    recorded."""
+    publisher = Publisher.of(supervisor, finish_in_background=True)
+    assert publisher.publish_weights().version == 1
+    batch = drain(supervisor, 0)
+    old = supervisor.engines["engine-0"]
+    with frozen(old):
+        supervisor.begin_step(batch)
+        supervisor.train_step(batch.samples)
+    assert supervisor.engines_awaiting_weights
+    publishing_cell = supervisor.cells.actor(ledger.head(RUN).publisher_cell)
+    ray.get(publishing_cell.arm_update_fault.remote("after-finalize", "delay"))
+
+    second = publisher.publish_weights()
+
+    assert not supervisor.engines_awaiting_weights
+    stamped = [e.payload for e in ledger.events(RUN) if e.kind == EventKind.ENGINES_STAMPED]
+    assert stamped[-1]["version"] == second.version == 2
+    assert sorted(stamped[-1]["engine_ids"]) == ["engine-0", "engine-1"]
+    assert ray.get(supervisor.engines["engine-0"].health.remote())["version"] == 2
+    assert supervisor.end_step() == []
+
+
 def test_an_engine_frozen_before_a_weight_update_is_replaced_and_the_update_published(
     supervisor: Supervisor, ledger: Ledger,
 ):
