@@ -10,8 +10,8 @@ A local head started by ``ray.init`` spawns, besides the GCS and the raylet:
   disables (``RAY_DISABLE_USAGE_STATS``), and whose address ``ray.init`` waits for.
 
 On a 2-core machine they cost CPU while every actor imports torch, ``ray.init`` waits on
-them, and the autoscaler monitor does not exit within the second Ray's shutdown gives it: the
-README's start-up section has the measurements.
+them, and the autoscaler monitor does not exit within the second Ray's shutdown gives it:
+docs/benchmarks.md (start-up) has the measurements.
 
 ``ray.init`` has no parameter for any of them. Ray's own ``RayParams`` has ``no_monitor`` and
 ``include_log_monitor`` (what ``ray start --no-monitor --include-log-monitor=false`` sets), and
@@ -31,12 +31,12 @@ Ray has it with the expected signature; any other Ray, and every run with
 starts with Ray's defaults.
 
 The cluster's workers also start with the garbage collector held until their actor is built
-(:mod:`actors.startup_gc`, measured in the README). Ray runs a worker setup hook named in an
+(:mod:`actors.startup_gc`, measured in docs/benchmarks.md). Ray runs a worker setup hook named in an
 environment variable of its own (what a job-level ``runtime_env`` hook sets per job, and what
 Ray's own code expects a job supervisor's workers to inherit); set for the ``ray.init`` call
 that starts the cluster's processes, every worker inherits it. A job-level ``runtime_env``
 would do the same through Ray's runtime-env agent, which made the default job's actors start
-0.4-0.5 s later than without one (the README). :func:`workers_hold_collection` sets it where
+0.4-0.5 s later than without one (docs/benchmarks.md). :func:`workers_hold_collection` sets it where
 this Ray has it and nothing else set it, and not with ``RL_LEDGER_FULL_RAY``.
 """
 
