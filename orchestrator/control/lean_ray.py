@@ -31,13 +31,14 @@ Ray has it with the expected signature; any other Ray, and every run with
 starts with Ray's defaults.
 
 The cluster's workers also start with the garbage collector held until their actor is built
-(:mod:`actors.startup_gc`, measured in docs/benchmarks.md). Ray runs a worker setup hook named in an
-environment variable of its own (what a job-level ``runtime_env`` hook sets per job, and what
-Ray's own code expects a job supervisor's workers to inherit); set for the ``ray.init`` call
-that starts the cluster's processes, every worker inherits it. A job-level ``runtime_env``
-would do the same through Ray's runtime-env agent, which made the default job's actors start
-0.4-0.5 s later than without one (docs/benchmarks.md). :func:`workers_hold_collection` sets it where
-this Ray has it and nothing else set it, and not with ``RL_LEDGER_FULL_RAY``.
+(:mod:`actors.startup_gc`, measured in docs/benchmarks.md). Ray runs a worker setup hook named
+in an environment variable of its own (what a job-level ``runtime_env`` hook sets per job, and
+what Ray's own code expects a job supervisor's workers to inherit); set for the ``ray.init``
+call that starts the cluster's processes, every worker inherits it. A job-level
+``runtime_env`` would do the same through Ray's runtime-env agent, which made the default
+job's actors start 0.4-0.5 s later than without one (docs/benchmarks.md).
+:func:`workers_hold_collection` sets it where this Ray has it and nothing else set it, and not
+with ``RL_LEDGER_FULL_RAY``.
 """
 
 from __future__ import annotations
