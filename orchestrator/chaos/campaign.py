@@ -52,7 +52,8 @@ HANG_AFTER_S = 180.0  # the longest silence in the ledger that is not a hang
 # The learning check compares one campaign with one fault-free run, so the job must not collapse
 # on its own. At the default 3e-3 about one fault-free 200-step run in ten of this small job
 # (4 prompts x 4 samples) fell into a zero-reward absorbing state after a one-step KL spike of
-# 1-4; at 1e-3 none of 20 did (largest KL 0.34) and the final reward stayed where it was (README).
+# 1-4; at 1e-3 none of 20 did (largest KL 0.34) and the final reward stayed where it was
+# (docs/benchmarks.md, the chaos campaigns).
 CAMPAIGN_LR = 1e-3
 MAX_JOB_PROCESSES = 100  # resumes of one campaign, a bound and never a loop
 
