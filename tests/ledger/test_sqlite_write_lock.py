@@ -33,6 +33,7 @@ def write_lock_held(path: Path) -> Iterator[sqlite3.Connection]:
 
 
 def release_after(holder: sqlite3.Connection, seconds: float) -> threading.Timer:
+    """Roll the holder's transaction back ``seconds`` from now, on a timer thread."""
     timer = threading.Timer(seconds, holder.execute, ("ROLLBACK",))
     timer.start()
     return timer
